@@ -1,0 +1,1 @@
+"""Exactly-once batches from Kafka offset ranges into PostgreSQL (shared by DAGs, CLI, Spark job and tests)."""

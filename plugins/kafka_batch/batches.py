@@ -1,0 +1,91 @@
+"""Batch lifecycle around the Spark job: plan (persist the ranges) and report (lag, counts).
+
+The same functions serve the DAG tasks, the CLI and the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kafka_batch import offset_store
+from kafka_batch.config import Pipeline
+from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.offset_store import Batch, transaction
+from kafka_batch.planner import PartitionState, plan_ranges
+
+
+def prepare(conn, pipeline: Pipeline) -> None:
+    """Schema migrations and the pipeline's tables; idempotent, cheap when nothing changes."""
+    offset_store.apply_migrations(conn)
+    offset_store.ensure_pipeline(conn, pipeline)
+
+
+def partition_states(cur, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionState]:
+    positions = offset_store.read_positions(cur, pipeline.name)
+    partitions = kafka.partitions(pipeline.topics)
+    offsets = kafka.offsets(partitions)
+    return [
+        PartitionState(t, p, positions.get((t, p)), offsets[(t, p)].log_start, offsets[(t, p)].last_stable)
+        for t, p in partitions
+    ]
+
+
+def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:
+    """The batch of a run: the persisted one if the run planned before (a retry), else a new plan."""
+    prepare(conn, pipeline)
+    with transaction(conn) as cur:
+        offset_store.lock_pipeline(cur, pipeline.name)
+        existing = offset_store.find_batch(cur, pipeline.name, run_id)
+        if existing is not None:
+            return existing
+        limits = pipeline.limits
+        ranges = plan_ranges(
+            partition_states(cur, kafka, pipeline), pipeline.start,
+            limits.max_records_per_partition, limits.max_records_per_batch,
+        )
+        return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, ranges)
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    position: int | None
+    log_start: int
+    last_stable: int
+    lag: int
+    last_batch_id: int | None
+
+
+def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatus]:
+    """Per partition: committed position, last stable offset, lag and the batch that last moved it."""
+    prepare(conn, pipeline)
+    with transaction(conn) as cur:
+        states = partition_states(cur, kafka, pipeline)
+        cur.execute("SELECT topic, partition, batch_id FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline.name,))
+        last_batch = {(t, p): b for t, p, b in cur.fetchall()}
+    result = []
+    for s in states:
+        begin = s.position if s.position is not None else (s.log_start if pipeline.start == "earliest" else s.last_stable)
+        result.append(
+            PartitionStatus(s.topic, s.partition, s.position, s.log_start, s.last_stable,
+                            max(0, s.last_stable - begin), last_batch.get((s.topic, s.partition)))
+        )
+    return result
+
+
+def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict:
+    """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details."""
+    batch = offset_store.load_batch(conn, batch_id)
+    partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
+    return {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
+
+
+def format_status(rows: list[PartitionStatus]) -> str:
+    header = f"{'topic':<24} {'part':>4} {'position':>12} {'last_stable':>12} {'lag':>10} {'last_batch':>10}"
+    lines = [header]
+    for r in rows:
+        position = "-" if r.position is None else str(r.position)
+        last = "-" if r.last_batch_id is None else str(r.last_batch_id)
+        lines.append(f"{r.topic:<24} {r.partition:>4} {position:>12} {r.last_stable:>12} {r.lag:>10} {last:>10}")
+    return "\n".join(lines)

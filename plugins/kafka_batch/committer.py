@@ -1,0 +1,157 @@
+"""The commit: positions, aggregates and batch status in ONE Postgres transaction, all or nothing.
+
+Every range moves its position by compare-and-set (`next_offset = from` -> `until`); a range whose
+stored position is not its `from` rolls the whole transaction back, so a batch can neither leave a
+gap nor count a record twice. Results arrive by COPY into a temporary table and are merged inside
+the same transaction, so nothing becomes visible before the positions move.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg2 import sql
+
+from kafka_batch.config import Pipeline
+from kafka_batch.offset_store import BatchError, select_batch, lock_pipeline, transaction
+from kafka_batch.planner import OffsetRange
+
+
+class CommitConflict(BatchError):
+    """A range's from-offset is not the stored position: the batch would leave a gap or repeat records."""
+
+
+class FencedAttempt(BatchError):
+    """A newer attempt (or a newer plan) owns the batch; this one must not commit."""
+
+
+@dataclass(frozen=True)
+class RangeCounts:
+    records: int = 0
+    tombstones: int = 0
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    already_committed: bool
+    records: int
+    contribution_rows: int
+
+
+def _move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None:
+    if r.starts_partition:
+        cur.execute(
+            "INSERT INTO kafka_batch.offsets (pipeline, topic, partition, next_offset, batch_id)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (pipeline_name, r.topic, r.partition, r.until_offset, batch_id),
+        )
+    else:
+        cur.execute(
+            "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = %s"
+            " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",
+            (r.until_offset, batch_id, pipeline_name, r.topic, r.partition, r.from_offset),
+        )
+    if cur.rowcount == 1:
+        return
+    cur.execute(
+        "SELECT next_offset FROM kafka_batch.offsets WHERE pipeline = %s AND topic = %s AND partition = %s",
+        (pipeline_name, r.topic, r.partition),
+    )
+    row = cur.fetchone()
+    stored = "no stored position" if row is None else f"stored position {row[0]}"
+    expected = "no stored position (new partition)" if r.starts_partition else f"position {r.from_offset}"
+    raise CommitConflict(
+        f"batch {batch_id}: range {r} expected {expected} but found {stored}; "
+        "another batch moved this partition, nothing was committed"
+    )
+
+
+def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> int:
+    """COPY rows of (range_id, keys..., measures...) and add them to the totals."""
+    if contributions.num_rows == 0:
+        return 0
+    columns = ["range_id"] + [c.name for c in pipeline.group_by + pipeline.measures]
+    keys = [c.name for c in pipeline.group_by]
+    measures = [c.name for c in pipeline.measures]
+    schema, by_range = pipeline.contributions_table.split(".")
+    ident = lambda names: sql.SQL(", ").join(map(sql.Identifier, names))  # noqa: E731
+    cur.execute(
+        sql.SQL("CREATE TEMP TABLE kafka_batch_stage ON COMMIT DROP AS SELECT * FROM {}.{} WITH NO DATA").format(
+            sql.Identifier(schema), sql.Identifier(by_range)
+        )
+    )
+    buffer = io.BytesIO()
+    pacsv.write_csv(contributions.select(columns), buffer, pacsv.WriteOptions(include_header=False))
+    buffer.seek(0)
+    cur.copy_expert(
+        sql.SQL("COPY kafka_batch_stage ({}) FROM STDIN WITH (FORMAT csv)").format(ident(columns)).as_string(cur),
+        buffer,
+    )
+    cur.execute(
+        sql.SQL("INSERT INTO {}.{} ({cols}) SELECT {cols} FROM kafka_batch_stage").format(
+            sql.Identifier(schema), sql.Identifier(by_range), cols=ident(columns)
+        )
+    )
+    cur.execute(
+        sql.SQL(
+            "INSERT INTO public.{table} ({keys}, {measures}) SELECT {keys}, {sums} FROM kafka_batch_stage GROUP BY {keys}"
+            " ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+        ).format(
+            table=sql.Identifier(pipeline.table),
+            keys=ident(keys),
+            measures=ident(measures),
+            sums=sql.SQL(", ").join(sql.SQL("sum({})").format(sql.Identifier(m)) for m in measures),
+            updates=sql.SQL(", ").join(
+                sql.SQL("{m} = {table}.{m} + EXCLUDED.{m}").format(m=sql.Identifier(m), table=sql.Identifier(pipeline.table))
+                for m in measures
+            ),
+        )
+    )
+    return contributions.num_rows
+
+
+def commit_batch(
+    conn,
+    pipeline: Pipeline,
+    batch_id: int,
+    attempt: int,
+    contributions: pa.Table,
+    counts: dict[int, RangeCounts],
+) -> CommitResult:
+    """Commit one attempt of a batch. A batch already committed is a no-op success."""
+    with transaction(conn) as cur:
+        lock_pipeline(cur, pipeline.name)
+        batch = select_batch(cur, "id = %s FOR UPDATE", (batch_id,))
+        if batch is None or batch.pipeline != pipeline.name:
+            raise BatchError(f"batch {batch_id} does not exist for pipeline {pipeline.name!r}")
+        if batch.status == "committed":
+            return CommitResult(batch_id, True, batch.records_read or 0, 0)
+        if batch.status not in ("planned", "failed"):
+            raise FencedAttempt(f"batch {batch_id} is {batch.status} ({batch.error}); it can no longer commit")
+        if batch.attempt != attempt:
+            raise FencedAttempt(
+                f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} started since; not committing"
+            )
+        unknown = set(counts) - {r.range_id for r in batch.ranges}
+        if unknown:
+            raise BatchError(f"batch {batch_id}: results name ranges {sorted(unknown)} that are not in the batch")
+        for r in batch.ranges:
+            _move_position(cur, pipeline.name, batch_id, r)
+        rows = _merge_contributions(cur, pipeline, contributions)
+        for r in batch.ranges:
+            c = counts.get(r.range_id, RangeCounts())
+            cur.execute(
+                "UPDATE kafka_batch.batch_ranges SET records_read = %s, records_tombstone = %s WHERE id = %s",
+                (c.records, c.tombstones, r.range_id),
+            )
+        records = sum(c.records for c in counts.values())
+        cur.execute(
+            "UPDATE kafka_batch.batches SET status = 'committed', committed_at = now(), error = NULL,"
+            " records_read = %s, records_tombstone = %s WHERE id = %s",
+            (records, sum(c.tombstones for c in counts.values()), batch_id),
+        )
+    return CommitResult(batch_id, False, records, rows)

@@ -1,0 +1,255 @@
+"""Pipeline definitions: a pipeline is data (a YAML file), so a new one needs no new code.
+
+A pipeline names its topics, how to parse a record, how to aggregate it (group keys and additive
+measures as Spark SQL expressions), its target table, its limits and its policies. Everything is
+validated when loaded, so a typo fails with a message naming the file and the field, not halfway
+through a batch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Spark SQL type for each Postgres column type a pipeline may declare.
+COLUMN_TYPES = {
+    "text": "string",
+    "bigint": "bigint",
+    "integer": "int",
+    "double precision": "double",
+    "boolean": "boolean",
+    "date": "date",
+    "timestamptz": "timestamp",
+}
+MEASURE_TYPES = {"bigint": "bigint", "double precision": "double"}
+FIELD_TYPES = {"string", "long", "int", "double", "boolean", "timestamp"}
+# Columns every record has besides its parsed fields; expressions may use them.
+RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
+
+
+class ConfigError(ValueError):
+    """A pipeline definition is invalid; the message names the pipeline and the field."""
+
+
+def pipelines_dir() -> Path:
+    return Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", PROJECT_ROOT / "pipelines"))
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    expr: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_records_per_partition: int = 1_000_000
+    max_records_per_batch: int = 10_000_000
+    max_records_per_task: int = 1_000_000
+    min_tasks: int = 1
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    consume_batch_size: int = 10_000
+    poll_timeout_seconds: float = 1.0
+    stall_timeout_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
+class Connections:
+    kafka: str = "kafka_default"
+    postgres: str = "kafka_batch_postgres"
+    spark: str = "spark_default"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    topics: tuple[str, ...]
+    table: str
+    fields: dict[str, str]
+    group_by: tuple[Column, ...]
+    measures: tuple[Column, ...]
+    start: str = "earliest"
+    schedule: str | None = None
+    on_data_loss: str = "fail"
+    limits: Limits = field(default_factory=Limits)
+    read: ReadSettings = field(default_factory=ReadSettings)
+    connections: Connections = field(default_factory=Connections)
+    source: str = "<memory>"
+
+    @property
+    def dag_id(self) -> str:
+        return f"kafka_batch__{self.name}"
+
+    @property
+    def contributions_table(self) -> str:
+        """Per-range contributions: what makes removing one range's effect exact."""
+        return f"kafka_batch.{self.table}__by_range"
+
+
+def _fail(where: str, message: str) -> ConfigError:
+    return ConfigError(f"pipeline {where}: {message}")
+
+
+def _identifier(where: str, what: str, value: Any) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise _fail(where, f"{what} {value!r} must be a lower-case SQL identifier ([a-z_][a-z0-9_]*)")
+    return value
+
+
+def _positive_ints(where: str, section: str, raw: Any, cls: type) -> Any:
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise _fail(where, f"{section} must be a mapping")
+    known = cls.__dataclass_fields__
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise _fail(where, f"unknown {section} setting(s) {sorted(unknown)}; known: {sorted(known)}")
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _fail(where, f"{section}.{key} must be a positive number, got {value!r}")
+    return cls(**raw)
+
+
+def _columns(where: str, section: str, raw: Any, types: dict[str, str]) -> tuple[Column, ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(where, f"aggregation.{section} must be a non-empty mapping of column -> {{expr, type}}")
+    columns = []
+    for name, spec in raw.items():
+        _identifier(where, f"aggregation.{section} column", name)
+        if isinstance(spec, str):
+            spec = {"expr": spec}
+        if not isinstance(spec, dict) or not isinstance(spec.get("expr"), str) or not spec["expr"].strip():
+            raise _fail(where, f"aggregation.{section}.{name} needs an 'expr' (a Spark SQL expression)")
+        col_type = spec.get("type", "bigint" if section == "measures" else "text")
+        if col_type not in types:
+            raise _fail(where, f"aggregation.{section}.{name} type {col_type!r} is not one of {sorted(types)}")
+        columns.append(Column(name, spec["expr"], col_type))
+    return tuple(columns)
+
+
+def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
+    """Validate one pipeline definition (already parsed from YAML)."""
+    if not isinstance(raw, dict):
+        raise _fail(source, "definition must be a mapping")
+    name = raw.get("name")
+    where = f"{name!r} ({source})" if name else source
+    name = _identifier(where, "name", name)
+    known = {
+        "name", "topics", "start", "schedule", "on_data_loss", "limits", "read", "connections",
+        "record", "aggregation", "description",
+    }
+    unknown = set(raw) - known
+    if unknown:
+        raise _fail(where, f"unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+
+    topics = raw.get("topics")
+    if isinstance(topics, str):
+        topics = [topics]
+    if not topics or not all(isinstance(t, str) and t for t in topics):
+        raise _fail(where, "topics must be a non-empty list of topic names")
+
+    start = raw.get("start", "earliest")
+    if start not in ("earliest", "latest"):
+        raise _fail(where, f"start {start!r} must be 'earliest' or 'latest'")
+    on_data_loss = raw.get("on_data_loss", "fail")
+    if on_data_loss not in ("fail", "skip"):
+        raise _fail(where, f"on_data_loss {on_data_loss!r} must be 'fail' or 'skip'")
+
+    record = raw.get("record") or {}
+    if record.get("format", "json") != "json":
+        raise _fail(where, f"record.format {record.get('format')!r} is not supported (only 'json')")
+    fields = record.get("fields")
+    if not isinstance(fields, dict) or not fields:
+        raise _fail(where, "record.fields must map each JSON field to a type")
+    for fname, ftype in fields.items():
+        if not isinstance(fname, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", fname):
+            raise _fail(where, f"record.fields name {fname!r} is not a plain field name")
+        if fname in RECORD_COLUMNS:
+            raise _fail(where, f"record.fields name {fname!r} clashes with the record column of that name")
+        if ftype not in FIELD_TYPES:
+            raise _fail(where, f"record.fields.{fname} type {ftype!r} is not one of {sorted(FIELD_TYPES)}")
+
+    aggregation = raw.get("aggregation")
+    if not isinstance(aggregation, dict):
+        raise _fail(where, "aggregation must be a mapping with table, group_by and measures")
+    table = _identifier(where, "aggregation.table", aggregation.get("table"))
+    group_by = _columns(where, "group_by", aggregation.get("group_by"), COLUMN_TYPES)
+    measures = _columns(where, "measures", aggregation.get("measures"), MEASURE_TYPES)
+    names = [c.name for c in group_by + measures]
+    duplicated = {n for n in names if names.count(n) > 1}
+    if duplicated:
+        raise _fail(where, f"aggregation column(s) {sorted(duplicated)} defined twice")
+    reserved = {"range_id"} & set(names)
+    if reserved:
+        raise _fail(where, f"aggregation column name(s) {sorted(reserved)} are reserved")
+
+    connections = raw.get("connections") or {}
+    unknown = set(connections) - set(Connections.__dataclass_fields__)
+    if unknown:
+        raise _fail(where, f"unknown connection(s) {sorted(unknown)}; known: kafka, postgres, spark")
+
+    schedule = raw.get("schedule")
+    if schedule is not None and not isinstance(schedule, str):
+        raise _fail(where, f"schedule must be a cron expression, a preset like '@hourly', or null, got {schedule!r}")
+
+    return Pipeline(
+        name=name,
+        topics=tuple(topics),
+        table=table,
+        fields=dict(fields),
+        group_by=group_by,
+        measures=measures,
+        start=start,
+        schedule=schedule,
+        on_data_loss=on_data_loss,
+        limits=_positive_ints(where, "limits", raw.get("limits"), Limits),
+        read=_positive_ints(where, "read", raw.get("read"), ReadSettings),
+        connections=Connections(**connections),
+        source=source,
+    )
+
+
+def load_pipeline_file(path: Path) -> Pipeline:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline file {path}: not valid YAML: {exc}") from exc
+    return parse_pipeline(raw, source=str(path))
+
+
+def load_pipelines(directory: Path | None = None) -> dict[str, Pipeline]:
+    """All pipelines of a directory; names and target tables must be unique."""
+    directory = directory or pipelines_dir()
+    pipelines: dict[str, Pipeline] = {}
+    tables: dict[str, str] = {}
+    for path in sorted(directory.glob("*.y*ml")):
+        pipeline = load_pipeline_file(path)
+        if pipeline.name in pipelines:
+            raise ConfigError(f"pipeline {pipeline.name!r} is defined twice: {pipelines[pipeline.name].source} and {path}")
+        if pipeline.table in tables:
+            raise ConfigError(
+                f"pipelines {tables[pipeline.table]!r} and {pipeline.name!r} both write table {pipeline.table!r}"
+            )
+        pipelines[pipeline.name] = pipeline
+        tables[pipeline.table] = pipeline.name
+    return pipelines
+
+
+def load_pipeline(name: str, directory: Path | None = None) -> Pipeline:
+    pipelines = load_pipelines(directory)
+    if name not in pipelines:
+        where = directory or pipelines_dir()
+        raise ConfigError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}")
+    return pipelines[name]

@@ -1,0 +1,134 @@
+"""Endpoints as Airflow connections, readable without Airflow.
+
+The DAG resolves connections through Airflow (metadata DB, secrets backends, env) and hands them to
+spark-submit as `AIRFLOW_CONN_*` variables in the child's environment only, never in arguments, logs
+or XCom. The Spark driver, the CLI and the tests read the same variables with the parser below, so
+executors never import Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+
+class ConnectionConfigError(LookupError):
+    """A connection is missing or unusable; the message names the connection id and the variable."""
+
+
+def env_var(conn_id: str) -> str:
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
+@dataclass(frozen=True)
+class ConnectionFields:
+    conn_id: str
+    conn_type: str | None = None
+    host: str | None = None
+    port: int | None = None
+    login: str | None = None
+    password: str | None = field(default=None, repr=False)
+    schema: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> str:
+        body = {
+            "conn_type": self.conn_type, "host": self.host, "port": self.port, "login": self.login,
+            "password": self.password, "schema": self.schema, "extra": self.extra,
+        }
+        return json.dumps({k: v for k, v in body.items() if v not in (None, {})})
+
+
+def parse_connection(conn_id: str, value: str) -> ConnectionFields:
+    """Parse Airflow's JSON or URI connection form."""
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            body = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ConnectionConfigError(f"connection {conn_id!r} ({env_var(conn_id)}): invalid JSON: {exc.msg}") from None
+        extra = body.get("extra") or {}
+        if isinstance(extra, str):
+            extra = json.loads(extra)
+        return ConnectionFields(
+            conn_id=conn_id, conn_type=body.get("conn_type"), host=body.get("host"),
+            port=int(body["port"]) if body.get("port") else None, login=body.get("login"),
+            password=body.get("password"), schema=body.get("schema"), extra=extra,
+        )
+    parts = urlsplit(value)
+    if not parts.scheme:
+        raise ConnectionConfigError(f"connection {conn_id!r} ({env_var(conn_id)}): neither JSON nor a URI")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    extra = json.loads(query.pop("__extra__")) if "__extra__" in query else query
+    return ConnectionFields(
+        conn_id=conn_id,
+        conn_type=parts.scheme.replace("-", "_"),
+        host=unquote(parts.hostname) if parts.hostname else None,
+        port=parts.port,
+        login=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        schema=unquote(parts.path.lstrip("/")) or None,
+        extra=extra,
+    )
+
+
+def from_environment(conn_id: str, environ: dict[str, str] | None = None) -> ConnectionFields:
+    environ = os.environ if environ is None else environ
+    value = environ.get(env_var(conn_id))
+    if not value:
+        raise ConnectionConfigError(
+            f"connection {conn_id!r} is not defined: set {env_var(conn_id)} (Airflow connection URI or JSON)"
+        )
+    return parse_connection(conn_id, value)
+
+
+def from_airflow(conn_id: str) -> ConnectionFields:
+    """Resolve through Airflow, so connections from the UI or a secrets backend work too."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    return ConnectionFields(
+        conn_id=conn_id, conn_type=conn.conn_type, host=conn.host, port=conn.port, login=conn.login,
+        password=conn.password, schema=conn.schema, extra=conn.extra_dejson,
+    )
+
+
+def postgres_params(conn: ConnectionFields) -> dict[str, Any]:
+    """psycopg2.connect keyword arguments; extras such as sslmode pass through."""
+    if not conn.host:
+        raise ConnectionConfigError(f"postgres connection {conn.conn_id!r} has no host")
+    params: dict[str, Any] = {"host": conn.host, "dbname": conn.schema or "postgres"}
+    if conn.port:
+        params["port"] = conn.port
+    if conn.login:
+        params["user"] = conn.login
+    if conn.password:
+        params["password"] = conn.password
+    params.update({k: v for k, v in conn.extra.items() if k in _LIBPQ_EXTRAS})
+    return params
+
+
+_LIBPQ_EXTRAS = {
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "application_name", "options",
+    "target_session_attrs", "keepalives", "keepalives_idle",
+}
+
+
+def kafka_config(conn: ConnectionFields) -> dict[str, Any]:
+    """librdkafka settings from the connection extra (as the Airflow Kafka provider stores them)."""
+    config = dict(conn.extra)
+    if not config.get("bootstrap.servers"):
+        if conn.host:
+            config["bootstrap.servers"] = f"{conn.host}:{conn.port or 9092}"
+        else:
+            raise ConnectionConfigError(
+                f"kafka connection {conn.conn_id!r} needs 'bootstrap.servers' in its extra (librdkafka settings)"
+            )
+    if conn.login and "sasl.username" not in config:
+        config["sasl.username"] = conn.login
+    if conn.password and "sasl.password" not in config:
+        config["sasl.password"] = conn.password
+    return config

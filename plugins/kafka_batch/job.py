@@ -1,0 +1,87 @@
+"""The Spark driver of one batch: load the persisted plan, read it, aggregate, commit.
+
+Never plans: the ranges come from Postgres, so every attempt of a batch reads the same records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from kafka_batch import connections, offset_store
+from kafka_batch.committer import CommitResult, FencedAttempt, RangeCounts, commit_batch
+from kafka_batch.config import Pipeline, load_pipeline
+from kafka_batch.planner import split_for_tasks
+from kafka_batch.spark_source import read_ranges
+from kafka_batch.transform import aggregate
+
+log = logging.getLogger("kafka_batch.job")
+
+
+def split_result(result: pa.Table) -> tuple[pa.Table, dict[int, RangeCounts]]:
+    """Per-range counts, and the contribution rows (groups of tombstones only are not contributions)."""
+    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum")])
+    counts = {
+        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0)
+        for row in totals.to_pylist()
+    }
+    contributions = result.filter(pc.greater(result["records"], 0))
+    return contributions, counts
+
+
+def run_batch(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: int) -> CommitResult:
+    conn = offset_store.connect(postgres)
+    try:
+        batch = offset_store.load_batch(conn, batch_id)
+        if batch.pipeline != pipeline.name:
+            raise offset_store.BatchError(f"batch {batch_id} belongs to pipeline {batch.pipeline!r}, not {pipeline.name!r}")
+        if batch.status == "committed":
+            log.info("batch %s is already committed; nothing to do", batch_id)
+            return CommitResult(batch_id, True, batch.records_read or 0, 0)
+        if batch.status not in ("planned", "failed"):
+            raise FencedAttempt(f"batch {batch_id} is {batch.status}; it can no longer be executed")
+        attempt = offset_store.claim_attempt(conn, batch_id)
+        log.info("batch %s attempt %s: %d ranges, %d offsets", batch_id, attempt, len(batch.ranges), batch.span)
+        try:
+            limits = pipeline.limits
+            tasks = split_for_tasks(list(batch.ranges), limits.max_records_per_task, limits.min_tasks)
+            records = read_ranges(spark, kafka, tasks, pipeline.read)
+            contributions, counts = split_result(aggregate(records, pipeline).toArrow())
+            result = commit_batch(conn, pipeline, batch_id, attempt, contributions, counts)
+        except Exception as exc:
+            offset_store.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
+            raise
+        log.info("batch %s committed: %d records, %d contribution rows", batch_id, result.records, result.contribution_rows)
+        return result
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Execute one planned batch (spark-submit entry point).")
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--batch-id", required=True, type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from pyspark.sql import SparkSession
+
+    pipeline = load_pipeline(args.pipeline)
+    postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
+    kafka = connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
+    spark = (
+        SparkSession.builder.appName(f"kafka_batch:{pipeline.name}:batch-{args.batch_id}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    try:
+        result = run_batch(spark, pipeline, postgres, kafka, args.batch_id)
+    finally:
+        spark.stop()
+    state = "was already committed" if result.already_committed else "committed"
+    print(f"kafka_batch: batch {result.batch_id} {state}: {result.records} records", file=sys.stderr)
+    return 0

@@ -1,0 +1,128 @@
+"""Pure planning decisions: which offset ranges a batch reads, and how they are cut into Spark tasks.
+
+No I/O here: the inputs are the stored positions and the offsets Kafka reported, the output is a
+plan. That keeps every decision unit-testable and identical wherever it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+class PlanError(ValueError):
+    """The stored positions and the log disagree in a way that needs an operator; nothing is planned."""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """[from_offset, until_offset) of one partition; until is exclusive."""
+
+    topic: str
+    partition: int
+    from_offset: int
+    until_offset: int
+    # True when no position was stored yet: the commit inserts the position instead of comparing it.
+    starts_partition: bool = False
+    range_id: int | None = None
+
+    @property
+    def span(self) -> int:
+        """Offsets covered; an upper bound on records (markers and compaction leave gaps)."""
+        return self.until_offset - self.from_offset
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] {self.from_offset}..{self.until_offset}"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    topic: str
+    partition: int
+    position: int | None  # stored next offset, None for a partition never read
+    log_start: int
+    last_stable: int
+
+
+def start_offset(state: PartitionState, start: str) -> int:
+    """Where a partition without a stored position begins."""
+    if start == "earliest":
+        return state.log_start
+    if start == "latest":
+        return state.last_stable
+    raise PlanError(f"unknown start policy {start!r}")
+
+
+def _check_position(state: PartitionState) -> None:
+    where = f"{state.topic}[{state.partition}]"
+    if state.position < state.log_start:
+        raise PlanError(
+            f"{where}: data loss: stored position {state.position} is below the earliest available offset "
+            f"{state.log_start}; records {state.position}..{state.log_start} were deleted before they were read"
+        )
+    if state.position > state.last_stable:
+        raise PlanError(
+            f"{where}: stored position {state.position} is past the end of the partition "
+            f"(last stable offset {state.last_stable}); was the topic deleted and recreated? "
+            "Reset the position explicitly to go on"
+        )
+
+
+def fair_shares(wanted: list[int], budget: int) -> list[int]:
+    """Split a budget over partitions so small ones get all they want and big ones share the rest."""
+    shares = [0] * len(wanted)
+    remaining = budget
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    for n, i in enumerate(order):
+        take = min(wanted[i], remaining // (len(order) - n))
+        shares[i] = take
+        remaining -= take
+    return shares
+
+
+def plan_ranges(
+    states: list[PartitionState],
+    start: str,
+    max_records_per_partition: int,
+    max_records_per_batch: int,
+) -> list[OffsetRange]:
+    """The next ranges: from each stored position up to the last stable offset, within the limits."""
+    candidates = []
+    for state in sorted(states, key=lambda s: (s.topic, s.partition)):
+        if state.position is None:
+            begin, starts = start_offset(state, start), True
+        else:
+            _check_position(state)
+            begin, starts = state.position, False
+        end = min(state.last_stable, begin + max_records_per_partition)
+        candidates.append((state, begin, end, starts))
+    shares = fair_shares([end - begin for _, begin, end, _ in candidates], max_records_per_batch)
+    ranges = []
+    for (state, begin, _end, starts), share in zip(candidates, shares):
+        if share > 0:
+            ranges.append(OffsetRange(state.topic, state.partition, begin, begin + share, starts))
+    return ranges
+
+
+def split_for_tasks(ranges: list[OffsetRange], max_records_per_task: int, min_tasks: int = 1) -> list[OffsetRange]:
+    """Cut ranges into contiguous sub-ranges, one Spark task each; sub-ranges keep their range_id.
+
+    Boundaries are offsets, so a cut may fall on a marker or a compacted gap: each sub-range is
+    still read until its position reaches its own `until`, and together they cover the range exactly.
+    """
+    if max_records_per_task < 1 or min_tasks < 1:
+        raise ValueError("max_records_per_task and min_tasks must be >= 1")
+    pieces = {id(r): -(-r.span // max_records_per_task) for r in ranges}
+    while sum(pieces.values()) < min_tasks:
+        splittable = [r for r in ranges if pieces[id(r)] < r.span]
+        if not splittable:
+            break
+        widest = max(splittable, key=lambda r: r.span / pieces[id(r)])
+        pieces[id(widest)] += 1
+    tasks = []
+    for r in ranges:
+        n = pieces[id(r)]
+        bounds = [r.from_offset + (r.span * i) // n for i in range(n + 1)]
+        tasks.extend(
+            replace(r, from_offset=lo, until_offset=hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo
+        )
+    return tasks
