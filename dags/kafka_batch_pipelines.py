@@ -1,4 +1,4 @@
-"""One DAG per pipeline defined in pipelines/*.yaml (dag_id `kafka_batch__<name>`).
+"""Airflow DAGs: one per pipeline defined in pipelines/*.yaml (dag_id `kafka_batch__<name>`).
 
 Parsing reads only those YAML files: no database, Kafka or Variable access at import time.
 """

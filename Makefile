@@ -1,0 +1,47 @@
+# Two commands matter: `make demo` (end to end on embedded services) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# spark-submit finds SPARK_HOME through the python3 on PATH: keep the venv first.
+export PATH := $(abspath $(BIN)):$(PATH)
+WITH_ENV := source .local/env.sh &&
+
+.PHONY: install up down demo test test-unit test-integration lint bench lock clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[local,test]'
+	@touch $@
+
+install: $(STAMP)
+
+up: install
+	$(BIN)/kafka-batch local up
+
+down:
+	@if [ -x $(BIN)/kafka-batch ]; then $(BIN)/kafka-batch local down; fi
+
+demo: up
+	$(WITH_ENV) $(BIN)/python scripts/demo.py
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/pytest tests
+
+test-unit: install
+	$(BIN)/pytest tests/unit
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: up
+	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+lock: install
+	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt
+
+clean: down
+	rm -rf .local
