@@ -1,0 +1,79 @@
+"""Every DAG imports cleanly and follows the conventions; the compose file agrees with the pipelines."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from kafka_batch.config import PROJECT_ROOT, load_pipelines
+
+PIPELINES = load_pipelines(PROJECT_ROOT / "pipelines")
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+
+
+def test_dags_import_without_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == {p.dag_id for p in PIPELINES.values()}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_dag_conventions(dagbag, name):
+    pipeline = PIPELINES[name]
+    dag = dagbag.dags[pipeline.dag_id]
+    assert dag.max_active_runs == 1
+    assert "kafka_batch" in dag.tags and dag.doc_md
+    assert not dag.catchup
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "has_work", "execute", "report"]
+    for task in dag.tasks:
+        assert task.retries >= 2, task.task_id
+    execute = dag.get_task("execute")
+    assert execute.application.endswith("spark_jobs/run_batch.py")
+    assert execute.env_vars is None  # connections go to the hook at run time, never to a rendered field
+
+
+def test_batch_id_reaches_spark_through_the_template(dagbag):
+    dag = dagbag.dags[PIPELINES["page_views"].dag_id]
+    execute = dag.get_task("execute")
+
+    class TaskInstance:
+        @staticmethod
+        def xcom_pull(task_ids):
+            return {"plan": {"batch_id": 42}}[task_ids]
+
+    rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance) for arg in execute.application_args]
+    assert rendered == ["--pipeline", "page_views", "--batch-id", "42"]
+
+
+def test_compose_defines_every_connection_and_service_the_pipelines_use():
+    compose = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"kafka", "postgres", "spark-master", "spark-worker", "airflow-apiserver", "airflow-scheduler",
+            "airflow-dag-processor", "airflow-triggerer"} <= set(services)
+    env = compose["x-airflow-common"]["environment"]
+    for pipeline in PIPELINES.values():
+        for conn_id in (pipeline.connections.kafka, pipeline.connections.postgres, pipeline.connections.spark):
+            assert f"AIRFLOW_CONN_{conn_id.upper()}" in env, conn_id
+
+    def conn(conn_id):
+        return json.loads(env[f"AIRFLOW_CONN_{conn_id.upper()}"].replace("${KAFKA_BATCH_DB_PASSWORD}", "x"))
+
+    kafka_host, kafka_port = conn("kafka_default")["extra"]["bootstrap.servers"].split(":")
+    assert kafka_host in services
+    assert f"INTERNAL://{kafka_host}:{kafka_port}" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert re.search(rf"INTERNAL://:{kafka_port}\b", services["kafka"]["environment"]["KAFKA_LISTENERS"])
+    postgres = conn("kafka_batch_postgres")
+    assert postgres["host"] in services and postgres["port"] == 5432
+    spark = conn("spark_default")
+    assert spark["host"] == "spark://spark-master" and "spark-master" in services
+    assert f"spark://spark-master:{spark['port']}" in services["spark-worker"]["command"]
+    assert "PYTHONPATH" not in str(services)  # dependencies are baked into the image
+    assert (PROJECT_ROOT / ".env.example").exists() and not (PROJECT_ROOT / ".env").exists()

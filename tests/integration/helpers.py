@@ -1,0 +1,134 @@
+"""Test helpers: pipelines on fresh topics, and ground truth read straight from the topic.
+
+The ground truth uses a plain consumer and Python's json, not the project's reader or transform,
+so a test compares our results against something our code did not compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg2
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_batch import connections
+from kafka_batch.config import load_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kafka_config() -> dict:
+    return connections.kafka_config(connections.from_environment("kafka_default"))
+
+
+def pg_connect():
+    conn = psycopg2.connect(**connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
+    conn.autocommit = True
+    return conn
+
+
+def create_topic(topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result()
+
+
+def new_pipeline(prefix: str, partitions: int = 3, **overrides):
+    """A page-views pipeline on a new topic with its own table; returns the loaded Pipeline."""
+    suffix = uuid.uuid4().hex[:8]
+    name = f"{prefix}_{suffix}"
+    definition = yaml.safe_load((ROOT / "pipelines" / "page_views.yaml").read_text())
+    definition.update(name=name, topics=[f"{name}_topic"], schedule=None)
+    definition["aggregation"]["table"] = f"{name}_minutes"
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(definition.get(key), dict):
+            definition[key] = {**definition[key], **value}
+        else:
+            definition[key] = value
+    directory = Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"])
+    (directory / f"{name}.yaml").write_text(yaml.safe_dump(definition))
+    if partitions:
+        create_topic(f"{name}_topic", partitions)
+    return load_pipeline(name)
+
+
+def ground_truth(topic: str) -> dict[tuple[str, datetime], tuple[int, int]]:
+    """(page, minute) -> (views, total duration) over every committed record of the topic."""
+    config = kafka_config()
+    consumer = Consumer({
+        "bootstrap.servers": config["bootstrap.servers"], "group.id": f"truth-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
+        "receive.message.max.bytes": config.get("receive.message.max.bytes", 100_000_000),
+    })
+    partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    views: Counter = Counter()
+    durations: Counter = Counter()
+    at_end: set[int] = set()
+    while len(at_end) < len(partitions):
+        for message in consumer.consume(10_000, timeout=5):
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    continue
+                raise RuntimeError(message.error())
+            at_end.discard(message.partition())
+            if message.value() is None:
+                continue
+            record = json.loads(message.value())
+            _, ts = message.timestamp()
+            minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=timezone.utc)
+            views[(record["page"], minute)] += 1
+            durations[(record["page"], minute)] += record["duration_ms"]
+    consumer.close()
+    return {key: (views[key], durations[key]) for key in views}
+
+
+def table_contents(table: str) -> dict[tuple[str, datetime], tuple[int, int]]:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT page, minute, views, total_duration_ms FROM {table}")
+        rows = {(page, minute): (views, duration) for page, minute, views, duration in cur.fetchall()}
+    conn.close()
+    return rows
+
+
+def positions(pipeline_name: str) -> dict[tuple[str, int], int]:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline_name,))
+        rows = {(t, p): o for t, p, o in cur.fetchall()}
+    conn.close()
+    return rows
+
+
+def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    airflow = str(Path(sys.executable).parent / "airflow")
+    result = subprocess.run([airflow, *args], capture_output=True, text=True, env=os.environ.copy())
+    if check and result.returncode != 0:
+        raise AssertionError(f"airflow {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "kafka-batch")
+    result = subprocess.run([cli, *args], capture_output=True, text=True, env=os.environ.copy())
+    if check and result.returncode != 0:
+        raise AssertionError(f"kafka-batch {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def store_connection():
+    """A connection as the project opens it (transactions managed by offset_store)."""
+    from kafka_batch import offset_store
+
+    return offset_store.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))

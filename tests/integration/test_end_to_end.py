@@ -1,0 +1,117 @@
+"""The exactly-once claim, end to end: Airflow runs the DAG, Spark reads the ranges, Postgres commits.
+
+Results are compared with ground truth read straight from the topic (tests/integration/helpers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+from kafka_batch import sample_data
+from tests.conftest import FAKE_PASSWORD
+from tests.integration.helpers import (
+    ground_truth, kafka_config, pg_connect, positions, run_airflow, run_cli, table_contents,
+)
+from tests.integration.helpers import new_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def _batches(pipeline_name: str) -> list[tuple]:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT id, status, records_read, error FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id",
+            (pipeline_name,),
+        )
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def test_dag_runs_add_exactly_the_new_records(services):
+    pipeline = new_pipeline("e2e")
+    topic = pipeline.topics[0]
+    produced = 0
+    for run, count in enumerate((3000, 0, 1700)):
+        if count:
+            sample_data.produce_page_views(kafka_config(), topic, count, seed=run)
+            produced += count
+        run_airflow("dags", "test", pipeline.dag_id)
+        truth = ground_truth(topic)
+        assert sum(v for v, _ in truth.values()) == produced
+        assert table_contents(pipeline.table) == truth, f"after run {run}"
+
+    statuses = [status for _, status, _, _ in _batches(pipeline.name)]
+    assert statuses == ["committed", "empty", "committed"]
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT sum(records_read) FROM kafka_batch.batches WHERE pipeline = %s", (pipeline.name,))
+        assert cur.fetchone()[0] == produced
+    conn.close()
+
+    # The Postgres connection carries a password: it must not reach logs, XCom or rendered fields.
+    leaked = subprocess.run(["grep", "-rl", FAKE_PASSWORD, os.environ["AIRFLOW_HOME"]], capture_output=True, text=True)
+    assert leaked.stdout == "", f"password found in {leaked.stdout}"
+    engine = sqlalchemy.create_engine(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    with engine.connect() as db:
+        xcoms = db.execute(sqlalchemy.text("SELECT CAST(value AS TEXT) FROM xcom WHERE dag_id = :d"),
+                           {"d": pipeline.dag_id}).fetchall()
+        rendered = db.execute(
+            sqlalchemy.text("SELECT CAST(rendered_fields AS TEXT) FROM rendered_task_instance_fields WHERE dag_id = :d"),
+            {"d": pipeline.dag_id},
+        ).fetchall()
+    engine.dispose()
+    assert xcoms and rendered
+    assert all(FAKE_PASSWORD not in (row[0] or "") for row in xcoms + rendered)
+    assert any("batch_id" in (row[0] or "") for row in xcoms)
+
+
+def test_rerun_of_a_committed_batch_changes_nothing(services):
+    pipeline = new_pipeline("rerun")
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 1200, seed=7)
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "first")
+    before_table, before_positions = table_contents(pipeline.table), positions(pipeline.name)
+    assert sum(v for v, _ in before_table.values()) == 1200
+
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 300, seed=8)
+    # Same run id: the persisted (committed) batch comes back, Spark is not started, nothing moves.
+    again = run_cli("run", "--pipeline", pipeline.name, "--run-id", "first")
+    assert "committed" in again.stdout
+    # The Spark job itself, handed the committed batch, is a no-op success too.
+    from kafka_batch.cli import submit_batch
+
+    submit_batch(pipeline, _batches(pipeline.name)[0][0])
+    assert table_contents(pipeline.table) == before_table
+    assert positions(pipeline.name) == before_positions
+    assert len(_batches(pipeline.name)) == 1
+
+    # A new run picks up exactly the 300 new records.
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "second")
+    assert table_contents(pipeline.table) == ground_truth(pipeline.topics[0])
+
+
+def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
+    from confluent_kafka import Producer
+
+    pipeline = new_pipeline("badrec", partitions=1)
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 50, seed=1)
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/x", "duration_ms": "slow"}', partition=0)
+    producer.flush(30)
+    sample_data.produce_page_views(kafka_config(), topic, 10, seed=2)
+
+    result = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert result.returncode != 0
+    [(batch_id, status, records, error)] = _batches(pipeline.name)
+    assert status == "failed"
+    assert f"record {topic}[0] at offset 50 cannot be aggregated" in error
+    assert "duration_ms" in error
+    assert positions(pipeline.name) == {}
+    assert table_contents(pipeline.table) == {}

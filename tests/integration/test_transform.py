@@ -1,0 +1,79 @@
+"""The Spark transform on a local session with tiny fixtures (expectations written by hand)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+
+from kafka_batch.config import PROJECT_ROOT, load_pipeline
+from kafka_batch.job import split_result
+from kafka_batch.spark_source import RECORD_SCHEMA
+from kafka_batch.transform import aggregate
+
+pytestmark = pytest.mark.integration
+PIPELINE = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    from kafka_batch.submit import spark_environment
+
+    import os
+
+    for key, value in spark_environment().items():
+        os.environ.setdefault(key, value)
+    session = (
+        SparkSession.builder.master("local[2]").appName("kafka_batch_tests")
+        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
+    timestamp = datetime.fromisoformat(ts).replace(tzinfo=timezone.utc)
+    body = None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode())
+    return (range_id, "pv", 0, offset, timestamp, 0, b"k", body, None)
+
+
+def run(spark, rows):
+    df = spark.createDataFrame(rows, RECORD_SCHEMA)
+    return split_result(aggregate(df, PIPELINE).toArrow())
+
+
+def test_aggregates_per_page_and_minute_and_counts_tombstones(spark):
+    rows = [
+        record(0, {"user_id": "a", "page": "/", "duration_ms": 100}),
+        record(1, {"user_id": "b", "page": "/", "duration_ms": 50}, ts="2026-01-01T12:00:59"),
+        record(2, {"user_id": "a", "page": "/", "duration_ms": 7}, ts="2026-01-01T12:01:00"),
+        record(3, None),
+        record(4, {"user_id": "c", "page": "/cart", "duration_ms": 1, "extra": True}, range_id=2),
+    ]
+    contributions, counts = run(spark, rows)
+    got = {(r["range_id"], r["page"], r["minute"].isoformat()): (r["views"], r["total_duration_ms"])
+           for r in contributions.to_pylist()}
+    assert got == {
+        (1, "/", "2026-01-01T12:00:00+00:00"): (2, 150),
+        (1, "/", "2026-01-01T12:01:00+00:00"): (1, 7),
+        (2, "/cart", "2026-01-01T12:00:00+00:00"): (1, 1),
+    }
+    assert (counts[1].records, counts[1].tombstones) == (3, 1)
+    assert (counts[2].records, counts[2].tombstones) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (b"not json", "user_id, page, duration_ms"),
+        ({"user_id": "a", "page": "/"}, "duration_ms"),
+        ({"user_id": "a", "page": "/", "duration_ms": "slow"}, "duration_ms"),
+    ],
+)
+def test_unparseable_record_is_named(spark, value, named):
+    rows = [record(0, {"user_id": "a", "page": "/", "duration_ms": 1}), record(17, value)]
+    with pytest.raises(Exception, match=rf"record pv\[0\] at offset 17 cannot be aggregated.*mistyped: {named}"):
+        run(spark, rows)

@@ -1,0 +1,62 @@
+"""Pipeline definitions: the shipped ones load, and every kind of mistake is named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from kafka_batch.config import PROJECT_ROOT, ConfigError, load_pipelines, parse_pipeline
+
+BASE = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+
+
+def with_changes(**changes):
+    raw = copy.deepcopy(BASE)
+    raw.update(changes)
+    return raw
+
+
+def test_shipped_pipelines_load():
+    pipelines = load_pipelines(PROJECT_ROOT / "pipelines")
+    page_views = pipelines["page_views"]
+    assert page_views.topics == ("page_views",)
+    assert [c.name for c in page_views.group_by] == ["page", "minute"]
+    assert page_views.dag_id == "kafka_batch__page_views"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "Bad-Name"}, "name 'Bad-Name' must be a lower-case SQL identifier"),
+        ({"topics": []}, "topics must be a non-empty list"),
+        ({"start": "middle"}, "start 'middle' must be 'earliest' or 'latest'"),
+        ({"on_data_loss": "ignore"}, "on_data_loss 'ignore' must be 'fail' or 'skip'"),
+        ({"limits": {"max_records_per_task": 0}}, "limits.max_records_per_task must be a positive number"),
+        ({"limits": {"max_records": 5}}, "unknown limits setting(s) ['max_records']"),
+        ({"record": {"fields": {"page": "varchar"}}}, "record.fields.page type 'varchar' is not one of"),
+        ({"record": {"fields": {"offset": "long"}}}, "clashes with the record column"),
+        ({"colour": "blue"}, "unknown key(s) ['colour']"),
+        ({"connections": {"redis": "x"}}, "unknown connection(s) ['redis']"),
+    ],
+)
+def test_invalid_definitions_are_named(changes, message):
+    with pytest.raises(ConfigError) as excinfo:
+        parse_pipeline(with_changes(**changes), source="test.yaml")
+    assert message in str(excinfo.value)
+    assert "test.yaml" in str(excinfo.value)
+
+
+def test_measures_must_have_an_additive_type():
+    raw = with_changes()
+    raw["aggregation"]["measures"]["views"]["type"] = "text"
+    with pytest.raises(ConfigError, match=r"aggregation.measures.views type 'text' is not one of"):
+        parse_pipeline(raw)
+
+
+def test_two_pipelines_cannot_share_a_table(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(with_changes(name="a")))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(with_changes(name="b")))
+    with pytest.raises(ConfigError, match="pipelines 'a' and 'b' both write table 'page_view_minutes'"):
+        load_pipelines(tmp_path)

@@ -1,0 +1,68 @@
+"""Planner decisions, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_batch.planner import OffsetRange, PartitionState, PlanError, fair_shares, plan_ranges, split_for_tasks
+
+
+def state(partition, position, log_start=0, last_stable=100, topic="t"):
+    return PartitionState(topic, partition, position, log_start, last_stable)
+
+
+def test_ranges_run_from_position_to_last_stable_offset():
+    ranges = plan_ranges([state(0, 10), state(1, 100), state(2, 40, last_stable=55)], "earliest", 1000, 10_000)
+    assert ranges == [OffsetRange("t", 0, 10, 100), OffsetRange("t", 2, 40, 55)]
+
+
+def test_unseen_partition_starts_by_policy_and_is_marked_as_starting():
+    assert plan_ranges([state(0, None, log_start=7)], "earliest", 1000, 1000) == [
+        OffsetRange("t", 0, 7, 100, starts_partition=True)
+    ]
+    # 'latest' starts at the end: nothing to read now, the position is taken at the first new record.
+    assert plan_ranges([state(0, None, log_start=7)], "latest", 1000, 1000) == []
+
+
+def test_per_partition_cap():
+    assert plan_ranges([state(0, 0)], "earliest", 30, 1000) == [OffsetRange("t", 0, 0, 30)]
+
+
+def test_batch_cap_is_shared_fairly():
+    ranges = plan_ranges([state(0, 0, last_stable=10), state(1, 0), state(2, 0)], "earliest", 1000, 70)
+    assert [r.span for r in ranges] == [10, 30, 30]
+
+
+def test_fair_shares_never_exceed_budget_or_wants():
+    assert fair_shares([5, 50, 500], 100) == [5, 47, 48]
+    assert fair_shares([1, 2], 100) == [1, 2]
+    assert sum(fair_shares([9, 9, 9], 10)) <= 10
+
+
+def test_position_below_log_start_is_data_loss():
+    with pytest.raises(PlanError, match=r"t\[0\]: data loss: stored position 5 is below the earliest available offset 20"):
+        plan_ranges([state(0, 5, log_start=20)], "earliest", 1000, 1000)
+
+
+def test_position_past_the_end_is_refused():
+    with pytest.raises(PlanError, match=r"t\[1\]: stored position 150 is past the end .*\(last stable offset 100\)"):
+        plan_ranges([state(1, 150)], "earliest", 1000, 1000)
+
+
+def test_split_covers_each_range_contiguously_and_keeps_range_id():
+    r = OffsetRange("t", 0, 10, 35, range_id=4)
+    tasks = split_for_tasks([r], max_records_per_task=10)
+    assert [(t.from_offset, t.until_offset) for t in tasks] == [(10, 18), (18, 26), (26, 35)]
+    assert {t.range_id for t in tasks} == {4}
+
+
+def test_split_reaches_min_tasks_by_cutting_the_widest_range():
+    tasks = split_for_tasks([OffsetRange("t", 0, 0, 100, range_id=1), OffsetRange("t", 1, 0, 10, range_id=2)], 1000, 4)
+    assert len(tasks) == 4
+    assert [t.span for t in tasks if t.range_id == 1] == [33, 33, 34]
+    assert sum(t.span for t in tasks) == 110
+
+
+def test_split_never_makes_empty_tasks():
+    tasks = split_for_tasks([OffsetRange("t", 0, 0, 2, range_id=1)], 1000, 8)
+    assert [(t.from_offset, t.until_offset) for t in tasks] == [(0, 1), (1, 2)]
