@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from kafka_batch import batches, connections, offset_store, submit
 from kafka_batch.config import load_pipeline
@@ -67,7 +67,7 @@ def cmd_plan(args) -> int:
 
 
 def _cli_run_id() -> str:
-    return "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def cmd_run(args) -> int:

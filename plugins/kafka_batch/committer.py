@@ -16,7 +16,7 @@ import pyarrow.csv as pacsv
 from psycopg2 import sql
 
 from kafka_batch.config import Pipeline
-from kafka_batch.offset_store import BatchError, select_batch, lock_pipeline, transaction
+from kafka_batch.offset_store import BatchError, lock_pipeline, select_batch, transaction
 from kafka_batch.planner import OffsetRange
 
 

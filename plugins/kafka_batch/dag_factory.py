@@ -6,7 +6,7 @@ Each task calls the same functions as the CLI; the DAG adds only scheduling, ret
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, TriggerRule, task
 
@@ -37,7 +37,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
             "with the new positions, in one Postgres transaction."
         ),
         schedule=pipeline.schedule,
-        start_date=datetime(2024, 1, 1, tzinfo=timezone.utc),
+        start_date=datetime(2024, 1, 1, tzinfo=UTC),
         catchup=False,
         max_active_runs=1,
         default_args=DEFAULT_ARGS,

@@ -6,6 +6,7 @@ plan. That keeps every decision unit-testable and identical wherever it runs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 
@@ -97,7 +98,7 @@ def plan_ranges(
         candidates.append((state, begin, end, starts))
     shares = fair_shares([end - begin for _, begin, end, _ in candidates], max_records_per_batch)
     ranges = []
-    for (state, begin, _end, starts), share in zip(candidates, shares):
+    for (state, begin, _end, starts), share in zip(candidates, shares, strict=True):
         if share > 0:
             ranges.append(OffsetRange(state.topic, state.partition, begin, begin + share, starts))
     return ranges
@@ -123,6 +124,6 @@ def split_for_tasks(ranges: list[OffsetRange], max_records_per_task: int, min_ta
         n = pieces[id(r)]
         bounds = [r.from_offset + (r.span * i) // n for i in range(n + 1)]
         tasks.extend(
-            replace(r, from_offset=lo, until_offset=hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo
+            replace(r, from_offset=lo, until_offset=hi) for lo, hi in itertools.pairwise(bounds) if hi > lo
         )
     return tasks

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
@@ -86,7 +86,7 @@ def ground_truth(topic: str) -> dict[tuple[str, datetime], tuple[int, int]]:
                 continue
             record = json.loads(message.value())
             _, ts = message.timestamp()
-            minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=timezone.utc)
+            minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=UTC)
             views[(record["page"], minute)] += 1
             durations[(record["page"], minute)] += record["duration_ms"]
     consumer.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
@@ -12,11 +12,16 @@ from kafka_batch.committer import CommitConflict, FencedAttempt, RangeCounts, co
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.planner import OffsetRange
 from tests.integration.helpers import (
-    kafka_config, new_pipeline, pg_connect, positions, store_connection, table_contents,
+    kafka_config,
+    new_pipeline,
+    pg_connect,
+    positions,
+    store_connection,
+    table_contents,
 )
 
 pytestmark = pytest.mark.integration
-MINUTE = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+MINUTE = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def _contributions(range_ids: list[int], views: int) -> pa.Table:

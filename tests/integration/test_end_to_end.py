@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import sqlalchemy
@@ -15,9 +14,15 @@ import sqlalchemy
 from kafka_batch import sample_data
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
-    ground_truth, kafka_config, pg_connect, positions, run_airflow, run_cli, table_contents,
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    pg_connect,
+    positions,
+    run_airflow,
+    run_cli,
+    table_contents,
 )
-from tests.integration.helpers import new_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -18,11 +18,11 @@ PIPELINE = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
 
 @pytest.fixture(scope="module")
 def spark():
+    import os
+
     from pyspark.sql import SparkSession
 
     from kafka_batch.submit import spark_environment
-
-    import os
 
     for key, value in spark_environment().items():
         os.environ.setdefault(key, value)
@@ -35,7 +35,7 @@ def spark():
 
 
 def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
-    timestamp = datetime.fromisoformat(ts).replace(tzinfo=timezone.utc)
+    timestamp = datetime.fromisoformat(ts).replace(tzinfo=UTC)
     body = None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode())
     return (range_id, "pv", 0, offset, timestamp, 0, b"k", body, None)
 

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from kafka_batch.connections import (
-    ConnectionConfigError, ConnectionFields, from_environment, kafka_config, parse_connection, postgres_params,
+    ConnectionConfigError,
+    ConnectionFields,
+    from_environment,
+    kafka_config,
+    parse_connection,
+    postgres_params,
 )
 
 
