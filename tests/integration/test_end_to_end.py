@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy
 
 from kafka_batch import sample_data
+from kafka_batch.planner import OffsetRange, split_for_tasks
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
     ground_truth,
@@ -120,3 +121,25 @@ def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
     assert "duration_ms" in error
     assert positions(pipeline.name) == {}
     assert table_contents(pipeline.table) == {}
+
+
+def test_split_ranges_give_the_same_aggregates(services):
+    whole = new_pipeline("whole", partitions=2)
+    topic = whole.topics[0]
+    split = new_pipeline("split", partitions=0, topics=[topic], limits={"max_records_per_task": 97, "min_tasks": 6})
+    sample_data.produce_page_views(kafka_config(), topic, 900, seed=11)
+    for pipeline in (whole, split):
+        run_cli("run", "--pipeline", pipeline.name)
+    truth = ground_truth(topic)
+    assert table_contents(whole.table) == truth
+    assert table_contents(split.table) == truth
+    # The split run really cut its ranges: ~450 offsets per partition at 97 per task.
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT r.topic, r.partition, r.from_offset, r.until_offset FROM kafka_batch.batch_ranges r"
+            " JOIN kafka_batch.batches b ON b.id = r.batch_id WHERE b.pipeline = %s", (split.name,),
+        )
+        ranges = [OffsetRange(*row) for row in cur.fetchall()]
+    conn.close()
+    assert len(split_for_tasks(ranges, 97, 6)) >= 10
