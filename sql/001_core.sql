@@ -42,7 +42,6 @@ CREATE TABLE IF NOT EXISTS kafka_batch.batch_ranges (
     partition          integer NOT NULL CHECK (partition >= 0),
     from_offset        bigint  NOT NULL CHECK (from_offset >= 0),
     until_offset       bigint  NOT NULL,
-    starts_partition   boolean NOT NULL DEFAULT false,
     records_read       bigint,
     records_tombstone  bigint,
     CHECK (until_offset > from_offset),

@@ -5,13 +5,13 @@ The same functions serve the DAG tasks, the CLI and the tests.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kafka_batch import offset_store
 from kafka_batch.config import Pipeline
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.offset_store import Batch, transaction
-from kafka_batch.planner import PartitionState, plan_ranges
+from kafka_batch.planner import OffsetRange, PartitionState, initial_positions, plan_ranges
 
 
 def prepare(conn, pipeline: Pipeline) -> None:
@@ -20,14 +20,26 @@ def prepare(conn, pipeline: Pipeline) -> None:
     offset_store.ensure_pipeline(conn, pipeline)
 
 
-def partition_states(cur, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionState]:
+def partition_states(cur, kafka: KafkaOffsets, pipeline: Pipeline) -> tuple[list[PartitionState], dict]:
+    """Each partition's position (where none is stored, where it will begin) and offsets.
+
+    Also returns the initial positions that are not stored yet, for the caller to store or not.
+    """
     positions = offset_store.read_positions(cur, pipeline.name)
     partitions = kafka.partitions(pipeline.topics)
     offsets = kafka.offsets(partitions)
-    return [
+    states = [
         PartitionState(t, p, positions.get((t, p)), offsets[(t, p)].log_start, offsets[(t, p)].last_stable)
         for t, p in partitions
     ]
+    initial = initial_positions(states, pipeline.start)
+    states = [replace(s, position=initial.get((s.topic, s.partition), s.position)) for s in states]
+    return states, initial
+
+
+def next_ranges(states: list[PartitionState], pipeline: Pipeline) -> list[OffsetRange]:
+    limits = pipeline.limits
+    return plan_ranges(states, limits.max_records_per_partition, limits.max_records_per_batch)
 
 
 def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:
@@ -38,19 +50,16 @@ def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_i
         existing = offset_store.find_batch(cur, pipeline.name, run_id)
         if existing is not None:
             return existing
-        limits = pipeline.limits
-        ranges = plan_ranges(
-            partition_states(cur, kafka, pipeline), pipeline.start,
-            limits.max_records_per_partition, limits.max_records_per_batch,
-        )
-        return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, ranges)
+        states, initial = partition_states(cur, kafka, pipeline)
+        offset_store.store_initial_positions(cur, pipeline.name, initial)
+        return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, next_ranges(states, pipeline))
 
 
 @dataclass(frozen=True)
 class PartitionStatus:
     topic: str
     partition: int
-    position: int | None
+    position: int
     log_start: int
     last_stable: int
     lag: int
@@ -61,17 +70,14 @@ def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatu
     """Per partition: committed position, last stable offset, lag and the batch that last moved it."""
     prepare(conn, pipeline)
     with transaction(conn) as cur:
-        states = partition_states(cur, kafka, pipeline)
+        states, _ = partition_states(cur, kafka, pipeline)
         cur.execute("SELECT topic, partition, batch_id FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline.name,))
         last_batch = {(t, p): b for t, p, b in cur.fetchall()}
-    result = []
-    for s in states:
-        begin = s.position if s.position is not None else (s.log_start if pipeline.start == "earliest" else s.last_stable)
-        result.append(
-            PartitionStatus(s.topic, s.partition, s.position, s.log_start, s.last_stable,
-                            max(0, s.last_stable - begin), last_batch.get((s.topic, s.partition)))
-        )
-    return result
+    return [
+        PartitionStatus(s.topic, s.partition, s.position, s.log_start, s.last_stable,
+                        max(0, s.last_stable - s.position), last_batch.get((s.topic, s.partition)))
+        for s in states
+    ]
 
 
 def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict:
@@ -85,7 +91,6 @@ def format_status(rows: list[PartitionStatus]) -> str:
     header = f"{'topic':<24} {'part':>4} {'position':>12} {'last_stable':>12} {'lag':>10} {'last_batch':>10}"
     lines = [header]
     for r in rows:
-        position = "-" if r.position is None else str(r.position)
         last = "-" if r.last_batch_id is None else str(r.last_batch_id)
-        lines.append(f"{r.topic:<24} {r.partition:>4} {position:>12} {r.last_stable:>12} {r.lag:>10} {last:>10}")
+        lines.append(f"{r.topic:<24} {r.partition:>4} {r.position:>12} {r.last_stable:>12} {r.lag:>10} {last:>10}")
     return "\n".join(lines)

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from kafka_batch import batches, connections, offset_store, submit
 from kafka_batch.config import load_pipeline
 from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.planner import plan_ranges
 
 
 def _services(pipeline):
@@ -52,9 +51,8 @@ def cmd_plan(args) -> int:
         if args.dry_run:
             batches.prepare(conn, pipeline)
             with offset_store.transaction(conn) as cur:
-                states = batches.partition_states(cur, kafka, pipeline)
-            ranges = plan_ranges(states, pipeline.start, pipeline.limits.max_records_per_partition,
-                                 pipeline.limits.max_records_per_batch)
+                states, _ = batches.partition_states(cur, kafka, pipeline)
+            ranges = batches.next_ranges(states, pipeline)
             print(f"dry run: {len(ranges)} ranges, {sum(r.span for r in ranges)} offsets (nothing persisted)")
             for r in ranges:
                 print(f"  {r}")

@@ -43,18 +43,11 @@ class CommitResult:
 
 
 def _move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None:
-    if r.starts_partition:
-        cur.execute(
-            "INSERT INTO kafka_batch.offsets (pipeline, topic, partition, next_offset, batch_id)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (pipeline_name, r.topic, r.partition, r.until_offset, batch_id),
-        )
-    else:
-        cur.execute(
-            "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = %s"
-            " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",
-            (r.until_offset, batch_id, pipeline_name, r.topic, r.partition, r.from_offset),
-        )
+    cur.execute(
+        "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = %s"
+        " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",
+        (r.until_offset, batch_id, pipeline_name, r.topic, r.partition, r.from_offset),
+    )
     if cur.rowcount == 1:
         return
     cur.execute(
@@ -63,9 +56,8 @@ def _move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> No
     )
     row = cur.fetchone()
     stored = "no stored position" if row is None else f"stored position {row[0]}"
-    expected = "no stored position (new partition)" if r.starts_partition else f"position {r.from_offset}"
     raise CommitConflict(
-        f"batch {batch_id}: range {r} expected {expected} but found {stored}; "
+        f"batch {batch_id}: range {r} expected position {r.from_offset} but found {stored}; "
         "another batch moved this partition, nothing was committed"
     )
 

@@ -108,6 +108,16 @@ def lock_pipeline(cur, pipeline_name: str) -> None:
         raise BatchError(f"pipeline {pipeline_name!r} is not registered in kafka_batch.pipelines")
 
 
+def store_initial_positions(cur, pipeline_name: str, initial: dict[tuple[str, int], int]) -> None:
+    """Where partitions without a position begin; only inserts, never moves a stored position."""
+    for (topic, partition), offset in initial.items():
+        cur.execute(
+            "INSERT INTO kafka_batch.offsets (pipeline, topic, partition, next_offset) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            (pipeline_name, topic, partition, offset),
+        )
+
+
 def read_positions(cur, pipeline_name: str) -> dict[tuple[str, int], int]:
     cur.execute(
         "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline_name,)
@@ -152,7 +162,7 @@ def select_batch(cur, where: str, params: tuple) -> Batch | None:
         return None
     batch_id, pipeline, run_id, status, attempt, records_read, error = row
     cur.execute(
-        "SELECT topic, partition, from_offset, until_offset, starts_partition, id FROM kafka_batch.batch_ranges"
+        "SELECT topic, partition, from_offset, until_offset, id FROM kafka_batch.batch_ranges"
         " WHERE batch_id = %s ORDER BY topic, partition",
         (batch_id,),
     )
@@ -186,9 +196,9 @@ def insert_batch(cur, pipeline_name: str, run_id: str, dag_id: str | None, range
     batch_id = cur.fetchone()[0]
     for r in ranges:
         cur.execute(
-            "INSERT INTO kafka_batch.batch_ranges (batch_id, topic, partition, from_offset, until_offset, starts_partition)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset, r.starts_partition),
+            "INSERT INTO kafka_batch.batch_ranges (batch_id, topic, partition, from_offset, until_offset)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset),
         )
     return select_batch(cur, "id = %s", (batch_id,))
 

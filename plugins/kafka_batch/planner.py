@@ -22,8 +22,6 @@ class OffsetRange:
     partition: int
     from_offset: int
     until_offset: int
-    # True when no position was stored yet: the commit inserts the position instead of comparing it.
-    starts_partition: bool = False
     range_id: int | None = None
 
     @property
@@ -51,6 +49,20 @@ def start_offset(state: PartitionState, start: str) -> int:
     if start == "latest":
         return state.last_stable
     raise PlanError(f"unknown start policy {start!r}")
+
+
+def initial_positions(states: list[PartitionState], start: str) -> dict[tuple[str, int], int]:
+    """Positions for partitions that have none; stored when planning, before any range is read.
+
+    `start` applies to topics the pipeline never read. A partition added later to a topic it reads
+    starts at its log start, so the records written there since it was created are not lost.
+    """
+    read_topics = {s.topic for s in states if s.position is not None}
+    return {
+        (s.topic, s.partition): start_offset(s, "earliest" if s.topic in read_topics else start)
+        for s in states
+        if s.position is None
+    }
 
 
 def _check_position(state: PartitionState) -> None:
@@ -82,7 +94,6 @@ def fair_shares(wanted: list[int], budget: int) -> list[int]:
 
 def plan_ranges(
     states: list[PartitionState],
-    start: str,
     max_records_per_partition: int,
     max_records_per_batch: int,
 ) -> list[OffsetRange]:
@@ -90,17 +101,15 @@ def plan_ranges(
     candidates = []
     for state in sorted(states, key=lambda s: (s.topic, s.partition)):
         if state.position is None:
-            begin, starts = start_offset(state, start), True
-        else:
-            _check_position(state)
-            begin, starts = state.position, False
-        end = min(state.last_stable, begin + max_records_per_partition)
-        candidates.append((state, begin, end, starts))
-    shares = fair_shares([end - begin for _, begin, end, _ in candidates], max_records_per_batch)
+            raise PlanError(f"{state.topic}[{state.partition}] has no stored position; store initial_positions first")
+        _check_position(state)
+        end = min(state.last_stable, state.position + max_records_per_partition)
+        candidates.append((state, state.position, end))
+    shares = fair_shares([end - begin for _, begin, end in candidates], max_records_per_batch)
     ranges = []
-    for (state, begin, _end, starts), share in zip(candidates, shares, strict=True):
+    for (state, begin, _end), share in zip(candidates, shares, strict=True):
         if share > 0:
-            ranges.append(OffsetRange(state.topic, state.partition, begin, begin + share, starts))
+            ranges.append(OffsetRange(state.topic, state.partition, begin, begin + share))
     return ranges
 
 

@@ -46,9 +46,11 @@ def _snapshot(pipeline):
 
 
 def _plan(conn, pipeline, run_id, ranges):
+    """Persist hand-made ranges (starting positions stored as planning stores them)."""
     batches.prepare(conn, pipeline)
     with offset_store.transaction(conn) as cur:
         offset_store.lock_pipeline(cur, pipeline.name)
+        offset_store.store_initial_positions(cur, pipeline.name, {(r.topic, r.partition): r.from_offset for r in ranges})
         return offset_store.insert_batch(cur, pipeline.name, run_id, None, ranges)
 
 
@@ -56,7 +58,7 @@ def test_commit_moves_positions_and_totals_once(services):
     pipeline = new_pipeline("cas", partitions=0)
     topic = pipeline.topics[0]
     conn = store_connection()
-    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10, starts_partition=True)])
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
     attempt = offset_store.claim_attempt(conn, batch.id)
     ids = [r.range_id for r in batch.ranges]
     commit_batch(conn, pipeline, batch.id, attempt, _contributions(ids, 7), {ids[0]: RangeCounts(7, 1)})
@@ -85,13 +87,13 @@ def test_stale_attempt_cannot_commit(services):
     pipeline = new_pipeline("fence", partitions=0)
     topic = pipeline.topics[0]
     conn = store_connection()
-    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5, starts_partition=True)])
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5)])
     old = offset_store.claim_attempt(conn, batch.id)
     new = offset_store.claim_attempt(conn, batch.id)
     ids = [r.range_id for r in batch.ranges]
     with pytest.raises(FencedAttempt, match=f"attempt {old} is stale"):
         commit_batch(conn, pipeline, batch.id, old, _contributions(ids, 1), {ids[0]: RangeCounts(1, 0)})
-    assert positions(pipeline.name) == {}
+    assert positions(pipeline.name) == {(topic, 0): 0}
     commit_batch(conn, pipeline, batch.id, new, _contributions(ids, 1), {ids[0]: RangeCounts(1, 0)})
     assert positions(pipeline.name) == {(topic, 0): 5}
     conn.close()

@@ -119,7 +119,7 @@ def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
     assert status == "failed"
     assert f"record {topic}[0] at offset 50 cannot be aggregated" in error
     assert "duration_ms" in error
-    assert positions(pipeline.name) == {}
+    assert positions(pipeline.name) == {(topic, 0): 0}  # where it begins; nothing committed
     assert table_contents(pipeline.table) == {}
 
 
@@ -143,3 +143,32 @@ def test_split_ranges_give_the_same_aggregates(services):
         ranges = [OffsetRange(*row) for row in cur.fetchall()]
     conn.close()
     assert len(split_for_tasks(ranges, 97, 6)) >= 10
+
+
+def test_partition_added_between_runs_is_read_from_its_start(services):
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    pipeline = new_pipeline("grow", partitions=1, start="latest")
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 100, seed=1)  # before the first run: skipped by 'latest'
+    run_cli("run", "--pipeline", pipeline.name)
+    assert positions(pipeline.name) == {(topic, 0): 100}  # 'latest': the position is taken at the end
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/p0", "duration_ms": 5}', partition=0)
+    producer.flush(30)
+    run_cli("run", "--pipeline", pipeline.name)  # reads the one record written since
+    assert positions(pipeline.name) == {(topic, 0): 101}
+
+    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for future in admin.create_partitions([NewPartitions(topic, 2)]).values():
+        future.result()
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})  # metadata with 2 partitions
+    for _ in range(7):
+        producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/p1", "duration_ms": 1}', partition=1)
+    producer.flush(30)
+    run_cli("run", "--pipeline", pipeline.name)
+    assert positions(pipeline.name) == {(topic, 0): 101, (topic, 1): 7}
+    views = {page: v for (page, _), (v, _) in table_contents(pipeline.table).items()}
+    assert views == {"/p0": 1, "/p1": 7}

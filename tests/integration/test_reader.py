@@ -54,7 +54,7 @@ def test_open_transaction_bounds_the_plan_and_aborted_records_are_skipped(transa
     topic, producer = transactional_topic
     offsets = KafkaOffsets(kafka_config()).offsets([(topic, 0)])[(topic, 0)]
     assert offsets.last_stable == 9  # not the high watermark (10): the open transaction stays out
-    [planned] = plan_ranges([PartitionState(topic, 0, None, offsets.log_start, offsets.last_stable)], "earliest", 100, 100)
+    [planned] = plan_ranges([PartitionState(topic, 0, 0, offsets.log_start, offsets.last_stable)], 100, 100)
     assert (planned.from_offset, planned.until_offset) == (0, 9)
     assert _offsets(topic, planned) == [0, 1, 2, 7]
 

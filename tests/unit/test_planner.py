@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.planner import OffsetRange, PartitionState, PlanError, fair_shares, plan_ranges, split_for_tasks
+from kafka_batch.planner import (
+    OffsetRange,
+    PartitionState,
+    PlanError,
+    fair_shares,
+    initial_positions,
+    plan_ranges,
+    split_for_tasks,
+)
 
 
 def state(partition, position, log_start=0, last_stable=100, topic="t"):
@@ -12,24 +20,28 @@ def state(partition, position, log_start=0, last_stable=100, topic="t"):
 
 
 def test_ranges_run_from_position_to_last_stable_offset():
-    ranges = plan_ranges([state(0, 10), state(1, 100), state(2, 40, last_stable=55)], "earliest", 1000, 10_000)
+    ranges = plan_ranges([state(0, 10), state(1, 100), state(2, 40, last_stable=55)], 1000, 10_000)
     assert ranges == [OffsetRange("t", 0, 10, 100), OffsetRange("t", 2, 40, 55)]
 
 
-def test_unseen_partition_starts_by_policy_and_is_marked_as_starting():
-    assert plan_ranges([state(0, None, log_start=7)], "earliest", 1000, 1000) == [
-        OffsetRange("t", 0, 7, 100, starts_partition=True)
-    ]
-    # 'latest' starts at the end: nothing to read now, the position is taken at the first new record.
-    assert plan_ranges([state(0, None, log_start=7)], "latest", 1000, 1000) == []
+def test_unseen_partition_starts_by_policy():
+    assert initial_positions([state(0, None, log_start=7), state(1, None, log_start=7)], "earliest") == {
+        ("t", 0): 7, ("t", 1): 7,
+    }
+    assert initial_positions([state(0, None, log_start=7)], "latest") == {("t", 0): 100}
+
+
+def test_ranges_need_a_position():
+    with pytest.raises(PlanError, match=r"t\[0\] has no stored position"):
+        plan_ranges([state(0, None)], 1000, 1000)
 
 
 def test_per_partition_cap():
-    assert plan_ranges([state(0, 0)], "earliest", 30, 1000) == [OffsetRange("t", 0, 0, 30)]
+    assert plan_ranges([state(0, 0)], 30, 1000) == [OffsetRange("t", 0, 0, 30)]
 
 
 def test_batch_cap_is_shared_fairly():
-    ranges = plan_ranges([state(0, 0, last_stable=10), state(1, 0), state(2, 0)], "earliest", 1000, 70)
+    ranges = plan_ranges([state(0, 0, last_stable=10), state(1, 0), state(2, 0)], 1000, 70)
     assert [r.span for r in ranges] == [10, 30, 30]
 
 
@@ -41,12 +53,12 @@ def test_fair_shares_never_exceed_budget_or_wants():
 
 def test_position_below_log_start_is_data_loss():
     with pytest.raises(PlanError, match=r"t\[0\]: data loss: stored position 5 is below the earliest available offset 20"):
-        plan_ranges([state(0, 5, log_start=20)], "earliest", 1000, 1000)
+        plan_ranges([state(0, 5, log_start=20)], 1000, 1000)
 
 
 def test_position_past_the_end_is_refused():
     with pytest.raises(PlanError, match=r"t\[1\]: stored position 150 is past the end .*\(last stable offset 100\)"):
-        plan_ranges([state(1, 150)], "earliest", 1000, 1000)
+        plan_ranges([state(1, 150)], 1000, 1000)
 
 
 def test_split_covers_each_range_contiguously_and_keeps_range_id():
@@ -66,3 +78,10 @@ def test_split_reaches_min_tasks_by_cutting_the_widest_range():
 def test_split_never_makes_empty_tasks():
     tasks = split_for_tasks([OffsetRange("t", 0, 0, 2, range_id=1)], 1000, 8)
     assert [(t.from_offset, t.until_offset) for t in tasks] == [(0, 1), (1, 2)]
+
+
+def test_partition_added_to_a_read_topic_starts_at_its_log_start_whatever_the_policy():
+    states = [state(0, 100), state(1, None, log_start=3, last_stable=12)]
+    assert initial_positions(states, "latest") == {("t", 1): 3}
+    # A topic the pipeline never read still follows the policy.
+    assert initial_positions(states + [state(0, None, topic="u")], "latest") == {("t", 1): 3, ("u", 0): 100}
