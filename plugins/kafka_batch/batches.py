@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from kafka_batch import offset_store
-from kafka_batch.config import Pipeline
+from kafka_batch.config import ConfigError, Limits, Pipeline
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.offset_store import Batch, transaction
 from kafka_batch.planner import OffsetRange, PartitionState, initial_positions, plan_ranges
@@ -26,20 +26,62 @@ def partition_states(cur, kafka: KafkaOffsets, pipeline: Pipeline) -> tuple[list
     Also returns the initial positions that are not stored yet, for the caller to store or not.
     """
     positions = offset_store.read_positions(cur, pipeline.name)
-    partitions = kafka.partitions(pipeline.topics)
+    partitions = kafka.partitions(pipeline.topics, pipeline.topic_pattern)
     offsets = kafka.offsets(partitions)
     states = [
         PartitionState(t, p, positions.get((t, p)), offsets[(t, p)].log_start, offsets[(t, p)].last_stable)
         for t, p in partitions
     ]
-    initial = initial_positions(states, pipeline.start)
+    start = pipeline.start
+    kind, start_offsets = start.kind, start.offsets
+    if kind == "timestamp" and not positions:
+        kind, start_offsets = "offsets", _offsets_at(kafka, states, start.timestamp_ms)
+    initial = initial_positions(states, kind, pipeline.new_partitions, start_offsets)
     states = [replace(s, position=initial.get((s.topic, s.partition), s.position)) for s in states]
     return states, initial
 
 
+def _offsets_at(kafka: KafkaOffsets, states: list[PartitionState], timestamp_ms: int) -> dict[tuple[str, int], int]:
+    """Offsets-for-times: the first record at or after the timestamp, else the end; never past the LSO."""
+    found = kafka.offsets_for_time([(s.topic, s.partition) for s in states], timestamp_ms)
+    return {
+        (s.topic, s.partition): s.last_stable if found[(s.topic, s.partition)] is None
+        else min(found[(s.topic, s.partition)], s.last_stable)
+        for s in states
+    }
+
+
 def next_ranges(states: list[PartitionState], pipeline: Pipeline) -> list[OffsetRange]:
     limits = pipeline.limits
-    return plan_ranges(states, limits.max_records_per_partition, limits.max_records_per_batch)
+    return plan_ranges(states, limits.max_records_per_partition, limits.max_records_per_batch, pipeline.on_data_loss)
+
+
+def with_limits(pipeline: Pipeline, **overrides: int | None) -> Pipeline:
+    """The pipeline with some limits changed for one run (a triggered run's params)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for key, value in given.items():
+        if key not in Limits.__dataclass_fields__:
+            raise ConfigError(f"unknown limit {key!r}; known: {sorted(Limits.__dataclass_fields__)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"limit {key} must be a positive integer, got {value!r}")
+    return replace(pipeline, limits=replace(pipeline.limits, **given)) if given else pipeline
+
+
+def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
+    """What the next batch would read, and the lag; nothing is stored (not even initial positions)."""
+    prepare(conn, pipeline)
+    with transaction(conn) as cur:
+        states, _ = partition_states(cur, kafka, pipeline)
+        ranges = next_ranges(states, pipeline)
+        conn.rollback()
+    return {
+        "status": "dry_run", "pipeline": pipeline.name,
+        "ranges": [{"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset,
+                    "until_offset": r.until_offset, "lost_until": r.lost_until} for r in ranges],
+        # Offsets, an upper bound on records: markers and compaction leave offsets without records.
+        "offsets_planned": sum(r.readable().span for r in ranges),
+        "lag": sum(max(0, s.last_stable - s.position) for s in states),
+    }
 
 
 def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:

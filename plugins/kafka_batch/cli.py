@@ -7,13 +7,16 @@ starts the embedded services and writes them to `.local/env.sh`.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import sys
 from datetime import UTC, datetime
 
-from kafka_batch import batches, connections, offset_store, submit
-from kafka_batch.config import load_pipeline
+from kafka_batch import batches, connections, offset_store, operations, submit
+from kafka_batch.config import load_pipeline, parse_time_ms
 from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.operations import OffsetRequest
 
 
 def _services(pipeline):
@@ -49,13 +52,11 @@ def cmd_plan(args) -> int:
     conn, kafka = _services(pipeline)
     try:
         if args.dry_run:
-            batches.prepare(conn, pipeline)
-            with offset_store.transaction(conn) as cur:
-                states, _ = batches.partition_states(cur, kafka, pipeline)
-            ranges = batches.next_ranges(states, pipeline)
-            print(f"dry run: {len(ranges)} ranges, {sum(r.span for r in ranges)} offsets (nothing persisted)")
-            for r in ranges:
-                print(f"  {r}")
+            plan = batches.dry_run(conn, kafka, pipeline)
+            print(f"dry run: {len(plan['ranges'])} ranges, {plan['offsets_planned']} offsets, lag {plan['lag']}"
+                  " (nothing persisted)")
+            for r in plan["ranges"]:
+                print(f"  {r['topic']}[{r['partition']}] {r['from_offset']}..{r['until_offset']}")
             return 0
         batch = batches.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
         print(json.dumps(batch.summary(), indent=2))
@@ -83,6 +84,59 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _offset_request(args, *, target: bool = False) -> OffsetRequest:
+    partitions = tuple(int(p) for p in args.partitions.split(",")) if args.partitions else ()
+    if target:
+        time_ms = None if args.to_time is None else parse_time_ms(args.to_time, "--to-time")
+        return OffsetRequest(args.topic, partitions, from_offset=args.to_offset, from_time_ms=time_ms)
+    return OffsetRequest(
+        args.topic, partitions, args.from_offset, args.until_offset,
+        None if args.from_time is None else parse_time_ms(args.from_time, "--from-time"),
+        None if args.until_time is None else parse_time_ms(args.until_time, "--until-time"),
+    )
+
+
+def cmd_replay(args) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    request = _offset_request(args)
+    conn, kafka = _services(pipeline)
+    try:
+        ranges, batch = operations.plan_replay(
+            conn, kafka, pipeline, request, run_id=args.run_id or "replay__" + _cli_run_id(), requested_by=args.by,
+            reason=args.reason, dry_run=args.dry_run,
+        )
+        print(f"{'dry run: would recompute' if args.dry_run else 'recomputing'} {len(ranges)} committed range(s)"
+              " (the request widened to whole ranges):")
+        for r in ranges:
+            print(f"  {r}")
+        if args.dry_run:
+            print("their current contribution to the totals:", operations.contribution_summary(conn, pipeline, ranges))
+            return 0
+        if batch.status in ("planned", "failed"):
+            submit_batch(pipeline, batch.id)
+        summary = batches.report(conn, kafka, pipeline, batch.id)
+    finally:
+        conn.close()
+    print(f"replay batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records recomputed")
+    return 0
+
+
+def cmd_reset(args) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    request = _offset_request(args, target=True)
+    conn, kafka = _services(pipeline)
+    try:
+        resets = operations.reset_positions(
+            conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute
+        )
+    finally:
+        conn.close()
+    for reset in resets:
+        print(f"  {reset}")
+    print("dry run: nothing changed; add --execute to apply" if not args.execute else "applied and recorded")
+    return 0
+
+
 def cmd_status(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
@@ -100,6 +154,10 @@ def cmd_local(args) -> int:
     return local_stack.main([args.action])
 
 
+def _operator() -> str:
+    return os.environ.get("KAFKA_BATCH_OPERATOR") or getpass.getuser()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-batch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +173,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
     p.add_argument("--pipeline", required=True)
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("replay", help="recompute committed ranges and swap their contributions (positions stay)")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", help="comma-separated; default: every partition the pipeline has read")
+    p.add_argument("--from", dest="from_offset", type=int)
+    p.add_argument("--until", dest="until_offset", type=int)
+    p.add_argument("--from-time", help="ISO 8601 with a time zone, instead of --from/--until")
+    p.add_argument("--until-time")
+    p.add_argument("--reason", default="replay")
+    p.add_argument("--by", default=_operator(), help="who asks (recorded); default: the OS user")
+    p.add_argument("--run-id", help="the replay's id; the same id resumes the same replay")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("reset", help="move positions back (rewind) or forward (skip); dry run unless --execute")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--partitions", help="comma-separated; default: every partition the pipeline has read")
+    p.add_argument("--to-offset", type=int)
+    p.add_argument("--to-time", help="ISO 8601 with a time zone: the first offset at or after it")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", default=_operator(), help="who asks (recorded); default: the OS user")
+    p.add_argument("--execute", action="store_true", help="apply the reset (default: show it only)")
+    p.set_defaults(func=cmd_reset)
     p = sub.add_parser("local", help="start/stop the embedded local services")
     p.add_argument("action", choices=["up", "down", "env"])
     p.set_defaults(func=cmd_local)
@@ -130,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         from kafka_batch.connections import ConnectionConfigError
         from kafka_batch.kafka_source import KafkaSourceError
         from kafka_batch.offset_store import BatchError
+        from kafka_batch.operations import OperationError
         from kafka_batch.planner import PlanError
 
-        if isinstance(exc, (ConfigError, ConnectionConfigError, KafkaSourceError, BatchError, PlanError)):
+        known = (ConfigError, ConnectionConfigError, KafkaSourceError, BatchError, PlanError, OperationError)
+        if isinstance(exc, known):
             print(f"kafka-batch: error: {exc}", file=sys.stderr)
             return 2
         raise

@@ -1,6 +1,7 @@
-"""The commit: positions, aggregates and batch status in ONE Postgres transaction, all or nothing.
+"""The commit: positions, aggregates, data loss and batch status in ONE Postgres transaction.
 
-Every range moves its position by compare-and-set (`next_offset = from` -> `until`); a range whose
+A replay instead swaps the contributions of the committed ranges it recomputes and moves no position.
+Every range of a batch moves its position by compare-and-set (`next_offset = from` -> `until`); a range whose
 stored position is not its `from` rolls the whole transaction back, so a batch can neither leave a
 gap nor count a record twice. Results arrive by COPY into a temporary table and are merged inside
 the same transaction, so nothing becomes visible before the positions move.
@@ -106,6 +107,70 @@ def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> in
     return contributions.num_rows
 
 
+def remove_contributions(cur, pipeline: Pipeline, range_ids: list[int]) -> int:
+    """Take the ranges' contributions out of the totals exactly; keys left with none disappear."""
+    if not range_ids:
+        return 0
+    keys = [c.name for c in pipeline.group_by]
+    measures = [c.name for c in pipeline.measures]
+    schema, by_range = pipeline.contributions_table.split(".")
+    ident = lambda names: sql.SQL(", ").join(map(sql.Identifier, names))  # noqa: E731
+    table, contributions = sql.Identifier(pipeline.table), sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(by_range))
+    same_keys = lambda left, right: sql.SQL(" AND ").join(  # noqa: E731
+        sql.SQL("{}.{k} = {}.{k}").format(sql.Identifier(left), sql.Identifier(right), k=sql.Identifier(k)) for k in keys
+    )
+    cur.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE kafka_batch_removed ON COMMIT DROP AS SELECT {keys}, {sums} FROM {contributions}"
+            " WHERE range_id = ANY(%s) GROUP BY {keys}"
+        ).format(
+            keys=ident(keys), contributions=contributions,
+            sums=sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures),
+        ),
+        (range_ids,),
+    )
+    cur.execute(sql.SQL("DELETE FROM {} WHERE range_id = ANY(%s)").format(contributions), (range_ids,))
+    removed = cur.rowcount
+    cur.execute(
+        sql.SQL("UPDATE public.{table} t SET {updates} FROM kafka_batch_removed r WHERE {match}").format(
+            table=table,
+            updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} - r.{m}").format(m=sql.Identifier(m)) for m in measures),
+            match=same_keys("t", "r"),
+        )
+    )
+    cur.execute(
+        sql.SQL(
+            "DELETE FROM public.{table} t USING kafka_batch_removed r WHERE {match}"
+            " AND NOT EXISTS (SELECT 1 FROM {contributions} c WHERE {still})"
+        ).format(table=table, match=same_keys("t", "r"), contributions=contributions, still=same_keys("c", "t"))
+    )
+    cur.execute("DROP TABLE kafka_batch_removed")
+    return removed
+
+
+def _retire_replaced(cur, pipeline: Pipeline, batch_id: int) -> None:
+    """A replay swaps ranges: the ranges it recomputes leave the totals, in its commit transaction."""
+    cur.execute(
+        "SELECT o.id, o.topic, o.partition, o.from_offset, o.until_offset, o.retired_by"
+        " FROM kafka_batch.batch_ranges n JOIN kafka_batch.batch_ranges o ON o.id = n.replaces_range_id"
+        " WHERE n.batch_id = %s ORDER BY o.id FOR UPDATE OF o",
+        (batch_id,),
+    )
+    replaced = cur.fetchall()
+    for _, topic, partition, from_offset, until_offset, retired_by in replaced:
+        if retired_by is not None:
+            raise CommitConflict(
+                f"replay batch {batch_id}: range {topic}[{partition}] {from_offset}..{until_offset} was retired by "
+                f"{retired_by} after the replay was planned; nothing was committed, plan the replay again"
+            )
+    ids = [row[0] for row in replaced]
+    remove_contributions(cur, pipeline, ids)
+    cur.execute(
+        "UPDATE kafka_batch.batch_ranges SET retired_at = now(), retired_by = %s WHERE id = ANY(%s)",
+        (f"replay batch {batch_id}", ids),
+    )
+
+
 def commit_batch(
     conn,
     pipeline: Pipeline,
@@ -131,8 +196,11 @@ def commit_batch(
         unknown = set(counts) - {r.range_id for r in batch.ranges}
         if unknown:
             raise BatchError(f"batch {batch_id}: results name ranges {sorted(unknown)} that are not in the batch")
-        for r in batch.ranges:
-            _move_position(cur, pipeline.name, batch_id, r)
+        if batch.kind == "replay":
+            _retire_replaced(cur, pipeline, batch_id)
+        else:
+            for r in batch.ranges:
+                _move_position(cur, pipeline.name, batch_id, r)
         rows = _merge_contributions(cur, pipeline, contributions)
         for r in batch.ranges:
             c = counts.get(r.range_id, RangeCounts())
@@ -140,6 +208,14 @@ def commit_batch(
                 "UPDATE kafka_batch.batch_ranges SET records_read = %s, records_tombstone = %s WHERE id = %s",
                 (c.records, c.tombstones, r.range_id),
             )
+        cur.execute(
+            "INSERT INTO kafka_batch.data_loss"
+            " (pipeline, topic, partition, lost_from, lost_until, detected_at, batch_id)"
+            " SELECT %s, topic, partition, from_offset, lost_until, lost_detected_at, batch_id"
+            " FROM kafka_batch.batch_ranges WHERE batch_id = %s AND lost_until IS NOT NULL"
+            " AND replaces_range_id IS NULL",
+            (pipeline.name, batch_id),
+        )
         records = sum(c.records for c in counts.values())
         cur.execute(
             "UPDATE kafka_batch.batches SET status = 'committed', committed_at = now(), error = NULL,"

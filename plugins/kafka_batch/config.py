@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,15 @@ class Connections:
 
 
 @dataclass(frozen=True)
+class StartPolicy:
+    """Where a new pipeline begins: `earliest`, `latest`, explicit `offsets`, or a `timestamp`."""
+
+    kind: str = "earliest"
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
 class Pipeline:
     name: str
     topics: tuple[str, ...]
@@ -80,7 +90,9 @@ class Pipeline:
     fields: dict[str, str]
     group_by: tuple[Column, ...]
     measures: tuple[Column, ...]
-    start: str = "earliest"
+    topic_pattern: str | None = None
+    start: StartPolicy = field(default_factory=StartPolicy)
+    new_partitions: str = "earliest"
     schedule: str | None = None
     on_data_loss: str = "fail"
     limits: Limits = field(default_factory=Limits)
@@ -91,6 +103,10 @@ class Pipeline:
     @property
     def dag_id(self) -> str:
         return f"kafka_batch__{self.name}"
+
+    @property
+    def topics_label(self) -> str:
+        return ", ".join(self.topics) if self.topics else f"topics matching /{self.topic_pattern}/"
 
     @property
     def contributions_table(self) -> str:
@@ -139,6 +155,69 @@ def _columns(where: str, section: str, raw: Any, types: dict[str, str]) -> tuple
     return tuple(columns)
 
 
+def _topics(where: str, raw: Any) -> tuple[tuple[str, ...], str | None]:
+    """A list of names, one name, or {pattern: regex} (matched in full against the topic names)."""
+    if isinstance(raw, dict):
+        if set(raw) != {"pattern"} or not isinstance(raw["pattern"], str) or not raw["pattern"]:
+            raise _fail(where, "topics as a mapping must be {pattern: <regular expression>}")
+        try:
+            re.compile(raw["pattern"])
+        except re.error as exc:
+            raise _fail(where, f"topics.pattern {raw['pattern']!r} is not a valid regular expression: {exc}") from exc
+        return (), raw["pattern"]
+    if isinstance(raw, str):
+        raw = [raw]
+    if not raw or not isinstance(raw, list) or not all(isinstance(t, str) and t for t in raw):
+        raise _fail(where, "topics must be a non-empty list of topic names or {pattern: <regular expression>}")
+    if len(set(raw)) != len(raw):
+        raise _fail(where, f"topics {raw} name a topic twice")
+    return tuple(raw), None
+
+
+def parse_time_ms(value: Any, what: str) -> int:
+    """An ISO 8601 date-time with a time zone (or a datetime from YAML) as epoch milliseconds."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"{what} {value!r} is not an ISO 8601 date-time") from None
+    else:
+        raise ConfigError(f"{what} must be an ISO 8601 date-time with a time zone, got {value!r}")
+    if moment.tzinfo is None:
+        raise ConfigError(f"{what} {value!r} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
+    return int(moment.timestamp() * 1000)
+
+
+def _start(where: str, raw: Any) -> StartPolicy:
+    if raw in ("earliest", "latest"):
+        return StartPolicy(raw)
+    if isinstance(raw, dict) and set(raw) == {"timestamp"}:
+        return StartPolicy("timestamp", timestamp_ms=parse_time_ms(raw["timestamp"], f"pipeline {where}: start.timestamp"))
+    if isinstance(raw, dict) and set(raw) == {"offsets"} and isinstance(raw["offsets"], dict) and raw["offsets"]:
+        offsets = {}
+        for topic, per_partition in raw["offsets"].items():
+            if not isinstance(per_partition, dict) or not per_partition:
+                raise _fail(where, f"start.offsets.{topic} must map partition -> offset")
+            for partition, offset in per_partition.items():
+                if isinstance(partition, bool) or isinstance(offset, bool):
+                    raise _fail(where, f"start.offsets.{topic}: partition {partition!r} -> offset {offset!r}")
+                try:
+                    partition, offset = int(partition), int(offset)
+                except (TypeError, ValueError):
+                    raise _fail(where, f"start.offsets.{topic}: {partition!r}: {offset!r} must be integers") from None
+                if partition < 0 or offset < 0:
+                    raise _fail(where, f"start.offsets.{topic}: partition {partition} and offset {offset} must be >= 0")
+                offsets[(topic, partition)] = offset
+        return StartPolicy("offsets", offsets=offsets)
+    raise _fail(
+        where,
+        f"start {raw!r} must be 'earliest', 'latest', {{timestamp: <ISO 8601>}} or "
+        "{offsets: {<topic>: {<partition>: <offset>}}}",
+    )
+
+
 def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     """Validate one pipeline definition (already parsed from YAML)."""
     if not isinstance(raw, dict):
@@ -147,22 +226,21 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     where = f"{name!r} ({source})" if name else source
     name = _identifier(where, "name", name)
     known = {
-        "name", "topics", "start", "schedule", "on_data_loss", "limits", "read", "connections",
+        "name", "topics", "start", "new_partitions", "schedule", "on_data_loss", "limits", "read", "connections",
         "record", "aggregation", "description",
     }
     unknown = set(raw) - known
     if unknown:
         raise _fail(where, f"unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
 
-    topics = raw.get("topics")
-    if isinstance(topics, str):
-        topics = [topics]
-    if not topics or not all(isinstance(t, str) and t for t in topics):
-        raise _fail(where, "topics must be a non-empty list of topic names")
-
-    start = raw.get("start", "earliest")
-    if start not in ("earliest", "latest"):
-        raise _fail(where, f"start {start!r} must be 'earliest' or 'latest'")
+    topics, topic_pattern = _topics(where, raw.get("topics"))
+    start = _start(where, raw.get("start", "earliest"))
+    unknown_topics = {t for t, _ in start.offsets} - set(topics)
+    if unknown_topics and topic_pattern is None:
+        raise _fail(where, f"start.offsets names topic(s) {sorted(unknown_topics)} that are not in topics")
+    new_partitions = raw.get("new_partitions", "earliest")
+    if new_partitions not in ("earliest", "latest"):
+        raise _fail(where, f"new_partitions {new_partitions!r} must be 'earliest' or 'latest'")
     on_data_loss = raw.get("on_data_loss", "fail")
     if on_data_loss not in ("fail", "skip"):
         raise _fail(where, f"on_data_loss {on_data_loss!r} must be 'fail' or 'skip'")
@@ -206,12 +284,14 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
 
     return Pipeline(
         name=name,
-        topics=tuple(topics),
+        topics=topics,
+        topic_pattern=topic_pattern,
         table=table,
         fields=dict(fields),
         group_by=group_by,
         measures=measures,
         start=start,
+        new_partitions=new_partitions,
         schedule=schedule,
         on_data_loss=on_data_loss,
         limits=_positive_ints(where, "limits", raw.get("limits"), Limits),

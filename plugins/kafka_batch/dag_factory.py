@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from airflow.sdk import DAG, TriggerRule, task
+from airflow.sdk import DAG, Param, TriggerRule, task
 
 from kafka_batch.config import Pipeline
 from kafka_batch.operators import BatchSparkSubmitOperator
@@ -16,6 +16,16 @@ from kafka_batch.operators import BatchSparkSubmitOperator
 log = logging.getLogger(__name__)
 
 DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(minutes=1)}
+START_DATE = datetime(2024, 1, 1, tzinfo=UTC)
+_LIMIT = {"type": ["null", "integer"], "minimum": 1}
+
+BATCH_PARAMS = {
+    "dry_run": Param(False, type="boolean", description="Plan and report the ranges, lag and offsets; change nothing."),
+    "recompute": Param(False, type="boolean",
+                       description="If this run's batch is already committed, recompute (replay) its ranges."),
+    "max_records_per_partition": Param(None, **_LIMIT, description="Override the pipeline's limit for this run."),
+    "max_records_per_batch": Param(None, **_LIMIT, description="Override the pipeline's limit for this run."),
+}
 
 
 def _services(pipeline: Pipeline):
@@ -30,63 +40,148 @@ def _services(pipeline: Pipeline):
 def build_dag(pipeline: Pipeline) -> DAG:
     with DAG(
         dag_id=pipeline.dag_id,
-        description=f"Exactly-once batches of {', '.join(pipeline.topics)} into {pipeline.table}",
+        description=f"Exactly-once batches of {pipeline.topics_label} into {pipeline.table}",
         doc_md=(
             f"Pipeline `{pipeline.name}` (defined in `{pipeline.source}`): reads the next offset ranges of "
-            f"{', '.join(pipeline.topics)} and commits the aggregates into `{pipeline.table}` together "
+            f"{pipeline.topics_label} and commits the aggregates into `{pipeline.table}` together "
             "with the new positions, in one Postgres transaction."
         ),
         schedule=pipeline.schedule,
-        start_date=datetime(2024, 1, 1, tzinfo=UTC),
+        start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
+        params=BATCH_PARAMS,
         tags=["kafka_batch", pipeline.name],
     ) as dag:
 
         @task
-        def plan(**context) -> dict:
-            """Persist this run's ranges; a retry of the run gets the same batch back."""
-            from kafka_batch.batches import plan_batch
+        def plan(params: dict, run_id: str, ti=None) -> dict:
+            """Persist this run's ranges; a retry or clear of the run gets the same batch back."""
+            from kafka_batch import batches, operations
 
+            limited = batches.with_limits(
+                pipeline, max_records_per_partition=params["max_records_per_partition"],
+                max_records_per_batch=params["max_records_per_batch"],
+            )
             conn, kafka = _services(pipeline)
             try:
-                batch = plan_batch(conn, kafka, pipeline, run_id=context["run_id"], dag_id=pipeline.dag_id)
+                if params["dry_run"]:
+                    summary = batches.dry_run(conn, kafka, limited)
+                    _log_plan("dry run (nothing persisted)", summary)
+                    return summary
+                batch = batches.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
+                if batch.status == "committed" and params["recompute"]:
+                    batch = operations.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
+                                                       dag_id=pipeline.dag_id)
             finally:
                 conn.close()
-            log.info("batch %s (%s): %d ranges, %d offsets", batch.id, batch.status, len(batch.ranges), batch.span)
-            for r in batch.ranges:
-                log.info("  range %s", r)
+            summary = batch.summary()
+            _log_plan(f"{batch.kind} {batch.id} ({batch.status})", summary)
+            return summary
+
+        _execute_and_report(pipeline, plan())
+    return dag
+
+
+def build_replay_dag(pipeline: Pipeline) -> DAG:
+    """A manual DAG to recompute committed ranges of one topic; dry run by default."""
+    topic = {"type": "string", "enum": list(pipeline.topics)} if pipeline.topics else {"type": "string"}
+    with DAG(
+        dag_id=f"{pipeline.dag_id}__replay",
+        description=f"Recompute committed ranges of {pipeline.name} and swap their contributions",
+        doc_md=(
+            "Give a topic, partitions (empty: all) and offsets *or* times. The request is widened to the "
+            "committed ranges it overlaps; a dry run (the default) only reports them and their current "
+            "contribution. Positions never move; scheduled runs go on and serialize with the replay."
+        ),
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        params={
+            "topic": Param(pipeline.topics[0] if pipeline.topics else "", **topic),
+            "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}),
+            "from_offset": Param(None, type=["null", "integer"], minimum=0),
+            "until_offset": Param(None, type=["null", "integer"], minimum=1),
+            "from_time": Param(None, type=["null", "string"], description="ISO 8601 with a time zone"),
+            "until_time": Param(None, type=["null", "string"], description="ISO 8601 with a time zone"),
+            "reason": Param("replay", type="string", minLength=1),
+            "dry_run": Param(True, type="boolean"),
+        },
+        tags=["kafka_batch", pipeline.name, "replay"],
+    ) as dag:
+
+        @task
+        def plan(params: dict, run_id: str) -> dict:
+            """Widen and validate the request, then persist the replay (unless dry run)."""
+            from kafka_batch import operations
+            from kafka_batch.config import parse_time_ms
+
+            request = operations.OffsetRequest(
+                params["topic"], tuple(params["partitions"] or ()), params["from_offset"], params["until_offset"],
+                None if params["from_time"] is None else parse_time_ms(params["from_time"], "from_time"),
+                None if params["until_time"] is None else parse_time_ms(params["until_time"], "until_time"),
+            )
+            conn, kafka = _services(pipeline)
+            try:
+                ranges, batch = operations.plan_replay(
+                    conn, kafka, pipeline, request, run_id=run_id, requested_by=f"airflow:{run_id}",
+                    reason=params["reason"], dag_id=f"{pipeline.dag_id}__replay", dry_run=params["dry_run"],
+                )
+                current = operations.contribution_summary(conn, pipeline, ranges)
+            finally:
+                conn.close()
+            for r in ranges:
+                log.info("  replays %s", r)
+            log.info("current contribution of these ranges: %s", current)
+            if batch is None:
+                return {"status": "dry_run", "ranges": [str(r) for r in ranges], "current_contribution": current}
             return batch.summary()
 
-        @task.short_circuit(ignore_downstream_trigger_rules=False)
-        def has_work(summary: dict) -> bool:
-            """An empty plan succeeds without starting Spark."""
-            return summary["status"] != "empty"
-
-        execute = BatchSparkSubmitOperator(
-            task_id="execute",
-            pipeline_name=pipeline.name,
-            batch_id="{{ ti.xcom_pull(task_ids='plan')['batch_id'] }}",
-        )
-
-        @task(trigger_rule=TriggerRule.NONE_FAILED)
-        def report(summary: dict) -> dict:
-            """Counts of the batch and lag per partition, for the log and XCom."""
-            from kafka_batch.batches import report as batch_report
-
-            conn, kafka = _services(pipeline)
-            try:
-                result = batch_report(conn, kafka, pipeline, summary["batch_id"])
-            finally:
-                conn.close()
-            log.info("batch %s %s: %s records, lag now %s", result["batch_id"], result["status"],
-                     result["records_read"], result["lag"])
-            for p in result["partitions"]:
-                log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
-                         p["last_stable"], p["lag"])
-            return result
-
-        summary = plan()
-        has_work(summary) >> execute >> report(summary)
+        _execute_and_report(pipeline, plan())
     return dag
+
+
+def _log_plan(what: str, summary: dict) -> None:
+    log.info("%s: %d ranges, %s offsets", what, len(summary["ranges"]), summary["offsets_planned"])
+    for r in summary["ranges"]:
+        log.info("  %s[%s] %s..%s", r["topic"], r["partition"], r["from_offset"], r["until_offset"])
+
+
+def _execute_and_report(pipeline: Pipeline, summary) -> None:
+    """has_work -> execute (spark-submit) -> report; Spark starts only for a batch to execute."""
+
+    @task.short_circuit(ignore_downstream_trigger_rules=False)
+    def has_work(summary: dict) -> bool:
+        """Empty plans, dry runs and committed batches succeed without starting Spark."""
+        return summary["status"] in ("planned", "failed")
+
+    execute = BatchSparkSubmitOperator(
+        task_id="execute",
+        pipeline_name=pipeline.name,
+        batch_id="{{ ti.xcom_pull(task_ids='plan')['batch_id'] }}",
+    )
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    def report(summary: dict) -> dict:
+        """Counts of the batch and lag per partition, for the log and XCom."""
+        from kafka_batch.batches import report as batch_report
+
+        if summary["status"] == "dry_run":
+            log.info("dry run: nothing was executed; the plan is in the plan task's log and XCom")
+            return summary
+        conn, kafka = _services(pipeline)
+        try:
+            result = batch_report(conn, kafka, pipeline, summary["batch_id"])
+        finally:
+            conn.close()
+        log.info("%s %s %s: %s records, lag now %s", result["kind"], result["batch_id"], result["status"],
+                 result["records_read"], result["lag"])
+        for p in result["partitions"]:
+            log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
+                     p["last_stable"], p["lag"])
+        return result
+
+    has_work(summary) >> execute >> report(summary)

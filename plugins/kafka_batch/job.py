@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 from kafka_batch import connections, offset_store
 from kafka_batch.committer import CommitResult, FencedAttempt, RangeCounts, commit_batch
 from kafka_batch.config import Pipeline, load_pipeline
-from kafka_batch.planner import split_for_tasks
+from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.planner import OffsetRange, recheck_retention, split_for_tasks
 from kafka_batch.spark_source import read_ranges
 from kafka_batch.transform import aggregate
 
@@ -33,7 +34,27 @@ def split_result(result: pa.Table) -> tuple[pa.Table, dict[int, RangeCounts]]:
     return contributions, counts
 
 
-def run_batch(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: int) -> CommitResult:
+def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[OffsetRange]:
+    """Before Spark starts: fail, or under `skip` record, any part of the plan deleted since planning.
+
+    Deletion during the read itself surfaces in the reader as DataLossError and fails the attempt;
+    the next attempt lands here and sees it.
+    """
+    offsets = KafkaOffsets(kafka).offsets([(r.topic, r.partition) for r in ranges])
+    checked = []
+    for r in ranges:
+        now = recheck_retention(r, offsets[(r.topic, r.partition)].log_start, on_data_loss)
+        if now.lost_until != r.lost_until:
+            log.warning("data loss in %s: offsets %s..%s were deleted before they were read; skipping them",
+                        r, r.from_offset, now.lost_until)
+            offset_store.record_loss(conn, r.range_id, now.lost_until)
+        checked.append(now)
+    return checked
+
+
+def run_batch(
+    spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: int, try_number: int | None = None
+) -> CommitResult:
     conn = offset_store.connect(postgres)
     try:
         batch = offset_store.load_batch(conn, batch_id)
@@ -45,10 +66,15 @@ def run_batch(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: 
         if batch.status not in ("planned", "failed"):
             raise FencedAttempt(f"batch {batch_id} is {batch.status}; it can no longer be executed")
         attempt = offset_store.claim_attempt(conn, batch_id)
+        if try_number is not None:
+            offset_store.record_try(conn, batch_id, try_number)
         log.info("batch %s attempt %s: %d ranges, %d offsets", batch_id, attempt, len(batch.ranges), batch.span)
         try:
+            # A replay recomputes what was read; records deleted since cannot be recomputed.
+            policy = pipeline.on_data_loss if batch.kind == "batch" else "fail"
+            ranges = _recheck_retention(conn, kafka, policy, batch.ranges)
             limits = pipeline.limits
-            tasks = split_for_tasks(list(batch.ranges), limits.max_records_per_task, limits.min_tasks)
+            tasks = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
             records = read_ranges(spark, kafka, tasks, pipeline.read)
             contributions, counts = split_result(aggregate(records, pipeline).toArrow())
             result = commit_batch(conn, pipeline, batch_id, attempt, contributions, counts)
@@ -65,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Execute one planned batch (spark-submit entry point).")
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--batch-id", required=True, type=int)
+    parser.add_argument("--try-number", type=int, help="the Airflow try executing the batch, for the ledger")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -79,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     try:
-        result = run_batch(spark, pipeline, postgres, kafka, args.batch_id)
+        result = run_batch(spark, pipeline, postgres, kafka, args.batch_id, args.try_number)
     finally:
         spark.stop()
     state = "was already committed" if result.already_committed else "committed"

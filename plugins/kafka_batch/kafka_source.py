@@ -8,6 +8,7 @@ leave offsets without records.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,8 +62,13 @@ class KafkaOffsets:
         self._admin = AdminClient(_admin_config(config))
         self._timeout = timeout
 
-    def partitions(self, topics: tuple[str, ...]) -> list[tuple[str, int]]:
+    def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
+        """The partitions of the named topics, or of every topic whose whole name matches `pattern`."""
         metadata = self._admin.list_topics(timeout=self._timeout)
+        if pattern is not None:
+            topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(pattern, t) and not t.startswith("__")))
+            if not topics:
+                raise KafkaSourceError(f"no topic matches the pattern {pattern!r} (known topics: {len(metadata.topics)})")
         found = []
         for topic in topics:
             meta = metadata.topics.get(topic)

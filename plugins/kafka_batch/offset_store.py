@@ -100,6 +100,12 @@ def ensure_pipeline(conn, pipeline: Pipeline) -> None:
                 " {}, PRIMARY KEY (range_id, {}))"
             ).format(sql.Identifier(schema), sql.Identifier(by_range), sql.SQL(", ").join(_column_defs(pipeline)), keys)
         )
+        # Removing a range's contribution asks whether any other range still contributes to a key.
+        cur.execute(
+            sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {}.{} ({})").format(
+                sql.Identifier(f"{by_range}_keys"[:63]), sql.Identifier(schema), sql.Identifier(by_range), keys
+            )
+        )
 
 
 def lock_pipeline(cur, pipeline_name: str) -> None:
@@ -135,6 +141,7 @@ class Batch:
     ranges: tuple[OffsetRange, ...]
     records_read: int | None = None
     error: str | None = None
+    kind: str = "batch"  # or "replay": recomputes committed ranges, never moves a position
 
     @property
     def span(self) -> int:
@@ -143,7 +150,8 @@ class Batch:
     def summary(self) -> dict:
         """What the DAG may put in XCom and logs: ids and counts, no connection details."""
         return {
-            "batch_id": self.id, "pipeline": self.pipeline, "run_id": self.run_id, "status": self.status,
+            "batch_id": self.id, "kind": self.kind, "pipeline": self.pipeline, "run_id": self.run_id,
+            "status": self.status,
             "ranges": [
                 {"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset}
                 for r in self.ranges
@@ -152,7 +160,7 @@ class Batch:
         }
 
 
-_BATCH_COLUMNS = "id, pipeline, run_id, status, attempt, records_read, error"
+_BATCH_COLUMNS = "id, pipeline, run_id, status, attempt, records_read, error, kind"
 
 
 def select_batch(cur, where: str, params: tuple) -> Batch | None:
@@ -160,14 +168,14 @@ def select_batch(cur, where: str, params: tuple) -> Batch | None:
     row = cur.fetchone()
     if row is None:
         return None
-    batch_id, pipeline, run_id, status, attempt, records_read, error = row
+    batch_id, pipeline, run_id, status, attempt, records_read, error, kind = row
     cur.execute(
-        "SELECT topic, partition, from_offset, until_offset, id FROM kafka_batch.batch_ranges"
-        " WHERE batch_id = %s ORDER BY topic, partition",
+        "SELECT topic, partition, from_offset, until_offset, id, lost_until FROM kafka_batch.batch_ranges"
+        " WHERE batch_id = %s ORDER BY topic, partition, from_offset",
         (batch_id,),
     )
     ranges = tuple(OffsetRange(*r) for r in cur.fetchall())
-    return Batch(batch_id, pipeline, run_id, status, attempt, ranges, records_read, error)
+    return Batch(batch_id, pipeline, run_id, status, attempt, ranges, records_read, error, kind)
 
 
 def find_batch(cur, pipeline_name: str, run_id: str) -> Batch | None:
@@ -184,11 +192,7 @@ def load_batch(conn, batch_id: int) -> Batch:
 
 def insert_batch(cur, pipeline_name: str, run_id: str, dag_id: str | None, ranges: list[OffsetRange]) -> Batch:
     """Persist a plan. Older batches of the pipeline that never committed can no longer commit."""
-    cur.execute(
-        "UPDATE kafka_batch.batches SET status = 'superseded', error = 'superseded by a newer plan'"
-        " WHERE pipeline = %s AND status IN ('planned', 'failed')",
-        (pipeline_name,),
-    )
+    supersede_planned(cur, pipeline_name, "superseded by a newer plan")
     cur.execute(
         "INSERT INTO kafka_batch.batches (pipeline, dag_id, run_id, status) VALUES (%s, %s, %s, %s) RETURNING id",
         (pipeline_name, dag_id, run_id, "planned" if ranges else "empty"),
@@ -196,11 +200,62 @@ def insert_batch(cur, pipeline_name: str, run_id: str, dag_id: str | None, range
     batch_id = cur.fetchone()[0]
     for r in ranges:
         cur.execute(
-            "INSERT INTO kafka_batch.batch_ranges (batch_id, topic, partition, from_offset, until_offset)"
-            " VALUES (%s, %s, %s, %s, %s)",
-            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset),
+            "INSERT INTO kafka_batch.batch_ranges"
+            " (batch_id, topic, partition, from_offset, until_offset, lost_until, lost_detected_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s IS NULL THEN NULL ELSE now() END)",
+            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset, r.lost_until, r.lost_until),
         )
     return select_batch(cur, "id = %s", (batch_id,))
+
+
+def supersede_planned(cur, pipeline_name: str, why: str) -> None:
+    """Uncommitted batches (not replays) of the pipeline: they were planned from positions now moved."""
+    cur.execute(
+        "UPDATE kafka_batch.batches SET status = 'superseded', error = %s"
+        " WHERE pipeline = %s AND kind = 'batch' AND status IN ('planned', 'failed')",
+        (why, pipeline_name),
+    )
+
+
+def live_ranges(cur, pipeline_name: str, topic: str, partition: int) -> list[OffsetRange]:
+    """The committed ranges of a partition whose contributions are in the totals now, in offset order."""
+    cur.execute(
+        "SELECT topic, partition, from_offset, until_offset, id, lost_until FROM kafka_batch.live_ranges"
+        " WHERE pipeline = %s AND topic = %s AND partition = %s ORDER BY from_offset",
+        (pipeline_name, topic, partition),
+    )
+    return [OffsetRange(*row) for row in cur.fetchall()]
+
+
+def insert_replay(
+    cur, pipeline_name: str, run_id: str, dag_id: str | None, replaced: list[OffsetRange], requested_by: str, reason: str
+) -> Batch:
+    """A replay batch: one new range per committed range it recomputes (same offsets)."""
+    cur.execute(
+        "INSERT INTO kafka_batch.batches (pipeline, dag_id, run_id, status, kind, requested_by, reason)"
+        " VALUES (%s, %s, %s, 'planned', 'replay', %s, %s) RETURNING id",
+        (pipeline_name, dag_id, run_id, requested_by, reason),
+    )
+    batch_id = cur.fetchone()[0]
+    for r in replaced:
+        cur.execute(
+            "INSERT INTO kafka_batch.batch_ranges"
+            " (batch_id, topic, partition, from_offset, until_offset, lost_until, lost_detected_at, replaces_range_id)"
+            " SELECT %s, topic, partition, from_offset, until_offset, lost_until, lost_detected_at, id"
+            " FROM kafka_batch.batch_ranges WHERE id = %s",
+            (batch_id, r.range_id),
+        )
+    return select_batch(cur, "id = %s", (batch_id,))
+
+
+def record_loss(conn, range_id: int, lost_until: int) -> None:
+    """Under on_data_loss=skip: retention overtook a planned range before it was read."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "UPDATE kafka_batch.batch_ranges SET lost_until = %s, lost_detected_at = now()"
+            " WHERE id = %s AND (lost_until IS NULL OR lost_until < %s)",
+            (lost_until, range_id, lost_until),
+        )
 
 
 def claim_attempt(conn, batch_id: int) -> int:
@@ -215,6 +270,12 @@ def claim_attempt(conn, batch_id: int) -> int:
     if row is None:
         raise BatchError(f"batch {batch_id} does not exist")
     return row[0]
+
+
+def record_try(conn, batch_id: int, try_number: int) -> None:
+    """The Airflow try that executes the batch, for the ledger."""
+    with transaction(conn) as cur:
+        cur.execute("UPDATE kafka_batch.batches SET try_number = %s WHERE id = %s", (try_number, batch_id))
 
 
 def mark_failed(conn, batch_id: int, attempt: int, error: str) -> None:

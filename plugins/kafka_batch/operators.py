@@ -21,7 +21,7 @@ class BatchSparkSubmitOperator(SparkSubmitOperator):
         pipeline = load_pipeline(pipeline_name)
         super().__init__(
             application=str(submit.APPLICATION),
-            application_args=submit.application_args(pipeline, batch_id),
+            application_args=submit.application_args(pipeline, batch_id, "{{ ti.try_number }}"),
             conn_id=pipeline.connections.spark,
             conf=dict(submit.SPARK_CONF),
             name=f"kafka_batch_{pipeline.name}",

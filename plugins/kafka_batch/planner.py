@@ -23,14 +23,23 @@ class OffsetRange:
     from_offset: int
     until_offset: int
     range_id: int | None = None
+    # Under on_data_loss=skip: [from_offset, lost_until) was deleted before it was read.
+    lost_until: int | None = None
 
     @property
     def span(self) -> int:
         """Offsets covered; an upper bound on records (markers and compaction leave gaps)."""
         return self.until_offset - self.from_offset
 
+    def readable(self) -> OffsetRange:
+        """The part still in the log, which is what the reader reads."""
+        if self.lost_until is None:
+            return self
+        return replace(self, from_offset=self.lost_until, lost_until=None)
+
     def __str__(self) -> str:
-        return f"{self.topic}[{self.partition}] {self.from_offset}..{self.until_offset}"
+        lost = f" (lost {self.from_offset}..{self.lost_until})" if self.lost_until is not None else ""
+        return f"{self.topic}[{self.partition}] {self.from_offset}..{self.until_offset}{lost}"
 
 
 @dataclass(frozen=True)
@@ -51,33 +60,71 @@ def start_offset(state: PartitionState, start: str) -> int:
     raise PlanError(f"unknown start policy {start!r}")
 
 
-def initial_positions(states: list[PartitionState], start: str) -> dict[tuple[str, int], int]:
+def initial_positions(
+    states: list[PartitionState],
+    start: str,
+    new_partitions: str = "earliest",
+    start_offsets: dict[tuple[str, int], int] | None = None,
+) -> dict[tuple[str, int], int]:
     """Positions for partitions that have none; stored when planning, before any range is read.
 
-    `start` applies to topics the pipeline never read. A partition added later to a topic it reads
-    starts at its log start, so the records written there since it was created are not lost.
+    `start` (earliest, latest, or `offsets`: the given `start_offsets`) applies while the pipeline
+    has no position at all. Partitions or topics found later begin by `new_partitions`, by default
+    at their log start, so the records written there since they were created are not lost.
     """
-    read_topics = {s.topic for s in states if s.position is not None}
-    return {
-        (s.topic, s.partition): start_offset(s, "earliest" if s.topic in read_topics else start)
-        for s in states
-        if s.position is None
-    }
+    new_pipeline = all(s.position is None for s in states)
+    positions = {}
+    for s in states:
+        if s.position is not None:
+            continue
+        key = (s.topic, s.partition)
+        if not new_pipeline:
+            positions[key] = start_offset(s, new_partitions)
+        elif start == "offsets":
+            if key not in (start_offsets or {}):
+                raise PlanError(
+                    f"{s.topic}[{s.partition}]: the start offsets give no offset for this partition; "
+                    "give one for every partition of the pipeline's topics"
+                )
+            positions[key] = start_offsets[key]
+        else:
+            positions[key] = start_offset(s, start)
+    return positions
 
 
-def _check_position(state: PartitionState) -> None:
+def _lost_until(state: PartitionState, on_data_loss: str) -> int | None:
+    """Where readable data begins if retention overtook the position; None if nothing was lost."""
     where = f"{state.topic}[{state.partition}]"
-    if state.position < state.log_start:
-        raise PlanError(
-            f"{where}: data loss: stored position {state.position} is below the earliest available offset "
-            f"{state.log_start}; records {state.position}..{state.log_start} were deleted before they were read"
-        )
     if state.position > state.last_stable:
         raise PlanError(
             f"{where}: stored position {state.position} is past the end of the partition "
             f"(last stable offset {state.last_stable}); was the topic deleted and recreated? "
             "Reset the position explicitly to go on"
         )
+    if state.position >= state.log_start:
+        return None
+    if on_data_loss == "skip":
+        return state.log_start
+    raise PlanError(
+        f"{where}: data loss: stored position {state.position} is below the earliest available offset "
+        f"{state.log_start}; records {state.position}..{state.log_start} were deleted before they were read "
+        "(on_data_loss: fail)"
+    )
+
+
+def recheck_retention(r: OffsetRange, log_start: int, on_data_loss: str) -> OffsetRange:
+    """A planned range checked again just before it is read: retention may have overtaken it since."""
+    readable_from = r.readable().from_offset
+    if log_start <= readable_from:
+        return r
+    lost_until = min(log_start, r.until_offset)
+    if on_data_loss == "skip":
+        return replace(r, lost_until=lost_until)
+    raise PlanError(
+        f"{r.topic}[{r.partition}]: data loss: range {r.from_offset}..{r.until_offset} (stored position "
+        f"{r.from_offset}) needs offset {readable_from}, but the earliest available offset is now {log_start}; "
+        f"records {readable_from}..{lost_until} were deleted before they were read (on_data_loss: fail)"
+    )
 
 
 def fair_shares(wanted: list[int], budget: int) -> list[int]:
@@ -96,20 +143,26 @@ def plan_ranges(
     states: list[PartitionState],
     max_records_per_partition: int,
     max_records_per_batch: int,
+    on_data_loss: str = "fail",
 ) -> list[OffsetRange]:
-    """The next ranges: from each stored position up to the last stable offset, within the limits."""
+    """The next ranges: from each stored position up to the last stable offset, within the limits.
+
+    A position below the log start fails the plan, or under `skip` yields a range whose lost part
+    [position, log start) is recorded when the batch commits; the limits count readable offsets.
+    """
     candidates = []
     for state in sorted(states, key=lambda s: (s.topic, s.partition)):
         if state.position is None:
             raise PlanError(f"{state.topic}[{state.partition}] has no stored position; store initial_positions first")
-        _check_position(state)
-        end = min(state.last_stable, state.position + max_records_per_partition)
-        candidates.append((state, state.position, end))
-    shares = fair_shares([end - begin for _, begin, end in candidates], max_records_per_batch)
+        lost_until = _lost_until(state, on_data_loss)
+        begin = state.position if lost_until is None else lost_until
+        end = min(state.last_stable, begin + max_records_per_partition)
+        candidates.append((state, lost_until, begin, end))
+    shares = fair_shares([end - begin for _, _, begin, end in candidates], max_records_per_batch)
     ranges = []
-    for (state, begin, _end), share in zip(candidates, shares, strict=True):
-        if share > 0:
-            ranges.append(OffsetRange(state.topic, state.partition, begin, begin + share))
+    for (state, lost_until, begin, _end), share in zip(candidates, shares, strict=True):
+        if share > 0 or lost_until is not None:
+            ranges.append(OffsetRange(state.topic, state.partition, state.position, begin + share, None, lost_until))
     return ranges
 
 

@@ -22,13 +22,12 @@ def dagbag():
 
 def test_dags_import_without_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {p.dag_id for p in PIPELINES.values()}
+    assert set(dagbag.dag_ids) == {d for p in PIPELINES.values() for d in (p.dag_id, f"{p.dag_id}__replay")}
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
-def test_dag_conventions(dagbag, name):
-    pipeline = PIPELINES[name]
-    dag = dagbag.dags[pipeline.dag_id]
+@pytest.mark.parametrize("dag_id", sorted(d for p in PIPELINES.values() for d in (p.dag_id, f"{p.dag_id}__replay")))
+def test_dag_conventions(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
     assert dag.max_active_runs == 1
     assert "kafka_batch" in dag.tags and dag.doc_md
     assert not dag.catchup
@@ -40,17 +39,38 @@ def test_dag_conventions(dagbag, name):
     assert execute.env_vars is None  # connections go to the hook at run time, never to a rendered field
 
 
+def test_params_forms_validate_their_input(dagbag):
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    batch = dagbag.dags[PIPELINES["page_views"].dag_id]
+    assert batch.params["dry_run"] is False and batch.params["max_records_per_batch"] is None
+    for bad in ({"max_records_per_batch": 0}, {"dry_run": "yes"}, {"max_records_per_partition": 1.5}):
+        params = ParamsDict(batch.params)
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {next(iter(bad))}"):
+            params.update(bad)
+            params.validate()
+    replay = dagbag.dags[f"{PIPELINES['page_views'].dag_id}__replay"]
+    assert replay.params["dry_run"] is True  # a replay from the UI reports before it changes anything
+    params = ParamsDict(replay.params)
+    with pytest.raises(ParamValidationError, match="Invalid input for param topic"):
+        params.update({"topic": "not_a_topic_of_the_pipeline"})
+        params.validate()
+
+
 def test_batch_id_reaches_spark_through_the_template(dagbag):
     dag = dagbag.dags[PIPELINES["page_views"].dag_id]
     execute = dag.get_task("execute")
 
     class TaskInstance:
+        try_number = 3
+
         @staticmethod
         def xcom_pull(task_ids):
             return {"plan": {"batch_id": 42}}[task_ids]
 
     rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance) for arg in execute.application_args]
-    assert rendered == ["--pipeline", "page_views", "--batch-id", "42"]
+    assert rendered == ["--pipeline", "page_views", "--batch-id", "42", "--try-number", "3"]
 
 
 def test_compose_defines_every_connection_and_service_the_pipelines_use():

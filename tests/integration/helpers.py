@@ -61,8 +61,12 @@ def new_pipeline(prefix: str, partitions: int = 3, **overrides):
     return load_pipeline(name)
 
 
-def ground_truth(topic: str) -> dict[tuple[str, datetime], tuple[int, int]]:
-    """(page, minute) -> (views, total duration) over every committed record of the topic."""
+def ground_truth(topic: str, select=None, duration_factor: int = 1) -> dict[tuple[str, datetime], tuple[int, int]]:
+    """(page, minute) -> (views, total duration) over every committed record of the topic.
+
+    `select(partition, offset)` keeps a subset of the records; `duration_factor` is the aggregation
+    changed by a test (duration_ms * factor).
+    """
     config = kafka_config()
     consumer = Consumer({
         "bootstrap.servers": config["bootstrap.servers"], "group.id": f"truth-{uuid.uuid4().hex}",
@@ -82,13 +86,13 @@ def ground_truth(topic: str) -> dict[tuple[str, datetime], tuple[int, int]]:
                     continue
                 raise RuntimeError(message.error())
             at_end.discard(message.partition())
-            if message.value() is None:
+            if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
                 continue
             record = json.loads(message.value())
             _, ts = message.timestamp()
             minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=UTC)
             views[(record["page"], minute)] += 1
-            durations[(record["page"], minute)] += record["duration_ms"]
+            durations[(record["page"], minute)] += record["duration_ms"] * duration_factor
     consumer.close()
     return {key: (views[key], durations[key]) for key in views}
 
@@ -132,3 +136,43 @@ def store_connection():
     from kafka_batch import offset_store
 
     return offset_store.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
+
+
+def update_pipeline(name: str, **changes):
+    """Change a test pipeline's definition in place (as an operator edits its YAML)."""
+    path = Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{name}.yaml"
+    definition = yaml.safe_load(path.read_text())
+    definition.update(changes)
+    path.write_text(yaml.safe_dump(definition))
+    return load_pipeline(name)
+
+
+def delete_records(topic: str, partition: int, before: int) -> None:
+    """What retention does: the log now starts at `before`."""
+    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
+        future.result()
+
+
+def merged(*truths: dict) -> dict:
+    """Ground truths of disjoint sets of records, added up."""
+    total: dict = {}
+    for truth in truths:
+        for key, (views, duration) in truth.items():
+            v, d = total.get(key, (0, 0))
+            total[key] = (v + views, d + duration)
+    return total
+
+
+def below(limits: dict[tuple[str, int], int]):
+    """A ground-truth selection: the records below the given positions."""
+    return lambda partition, offset: offset < next(o for (_, p), o in limits.items() if p == partition)
+
+
+def count_rows(query: str, *params) -> int:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        (count,) = cur.fetchone()
+    conn.close()
+    return count

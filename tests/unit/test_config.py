@@ -31,7 +31,15 @@ def test_shipped_pipelines_load():
     [
         ({"name": "Bad-Name"}, "name 'Bad-Name' must be a lower-case SQL identifier"),
         ({"topics": []}, "topics must be a non-empty list"),
-        ({"start": "middle"}, "start 'middle' must be 'earliest' or 'latest'"),
+        ({"start": "middle"}, "start 'middle' must be 'earliest', 'latest', {timestamp"),
+        ({"start": {"timestamp": "2026-01-01T00:00:00"}}, "needs a time zone"),
+        ({"start": {"timestamp": "yesterday"}}, "start.timestamp 'yesterday' is not an ISO 8601 date-time"),
+        ({"start": {"offsets": {"page_views": {0: -1}}}}, "must be >= 0"),
+        ({"start": {"offsets": {"other": {0: 5}}}}, "start.offsets names topic(s) ['other'] that are not in topics"),
+        ({"topics": {"pattern": "page_(views"}}, "topics.pattern 'page_(views' is not a valid regular expression"),
+        ({"topics": {"regex": "x"}}, "topics as a mapping must be {pattern: <regular expression>}"),
+        ({"topics": ["a", "a"]}, "name a topic twice"),
+        ({"new_partitions": "never"}, "new_partitions 'never' must be 'earliest' or 'latest'"),
         ({"on_data_loss": "ignore"}, "on_data_loss 'ignore' must be 'fail' or 'skip'"),
         ({"limits": {"max_records_per_task": 0}}, "limits.max_records_per_task must be a positive number"),
         ({"limits": {"max_records": 5}}, "unknown limits setting(s) ['max_records']"),
@@ -46,6 +54,16 @@ def test_invalid_definitions_are_named(changes, message):
         parse_pipeline(with_changes(**changes), source="test.yaml")
     assert message in str(excinfo.value)
     assert "test.yaml" in str(excinfo.value)
+
+
+def test_start_policies_and_topic_patterns_parse():
+    by_time = parse_pipeline(with_changes(start={"timestamp": "2026-03-01T10:00:00+01:00"}))
+    assert (by_time.start.kind, by_time.start.timestamp_ms) == ("timestamp", 1772355600000)
+    by_offsets = parse_pipeline(with_changes(start={"offsets": {"page_views": {0: 10, "1": 20}}}))
+    assert by_offsets.start.offsets == {("page_views", 0): 10, ("page_views", 1): 20}
+    by_pattern = parse_pipeline(with_changes(topics={"pattern": r"page_views\..+"}))
+    assert (by_pattern.topics, by_pattern.topic_pattern) == ((), r"page_views\..+")
+    assert "matching" in by_pattern.topics_label
 
 
 def test_measures_must_have_an_additive_type():

@@ -11,6 +11,7 @@ from kafka_batch.planner import (
     fair_shares,
     initial_positions,
     plan_ranges,
+    recheck_retention,
     split_for_tasks,
 )
 
@@ -80,8 +81,34 @@ def test_split_never_makes_empty_tasks():
     assert [(t.from_offset, t.until_offset) for t in tasks] == [(0, 1), (1, 2)]
 
 
-def test_partition_added_to_a_read_topic_starts_at_its_log_start_whatever_the_policy():
-    states = [state(0, 100), state(1, None, log_start=3, last_stable=12)]
-    assert initial_positions(states, "latest") == {("t", 1): 3}
-    # A topic the pipeline never read still follows the policy.
-    assert initial_positions(states + [state(0, None, topic="u")], "latest") == {("t", 1): 3, ("u", 0): 100}
+def test_partitions_found_later_start_by_new_partitions_not_by_start():
+    states = [state(0, 100), state(1, None, log_start=3, last_stable=12), state(0, None, log_start=2, topic="u")]
+    assert initial_positions(states, "latest") == {("t", 1): 3, ("u", 0): 2}
+    assert initial_positions(states, "earliest", new_partitions="latest") == {("t", 1): 12, ("u", 0): 100}
+
+
+def test_explicit_start_offsets_cover_every_partition():
+    states = [state(0, None), state(1, None)]
+    assert initial_positions(states, "offsets", start_offsets={("t", 0): 5, ("t", 1): 9}) == {("t", 0): 5, ("t", 1): 9}
+    with pytest.raises(PlanError, match=r"t\[1\]: the start offsets give no offset for this partition"):
+        initial_positions(states, "offsets", start_offsets={("t", 0): 5})
+
+
+def test_skip_plans_past_the_lost_records_and_says_which_were_lost():
+    ranges = plan_ranges([state(0, 5, log_start=20), state(1, 30, log_start=20)], 50, 1000, on_data_loss="skip")
+    assert ranges == [OffsetRange("t", 0, 5, 70, lost_until=20), OffsetRange("t", 1, 30, 80)]
+    assert ranges[0].readable() == OffsetRange("t", 0, 20, 70)
+    # Everything left was lost: the range still moves the position past the gap.
+    assert plan_ranges([state(0, 5, log_start=100)], 50, 1000, "skip") == [OffsetRange("t", 0, 5, 100, lost_until=100)]
+    # The position past the end is refused whatever the policy.
+    with pytest.raises(PlanError, match="past the end"):
+        plan_ranges([state(0, 150)], 50, 1000, "skip")
+
+
+def test_retention_is_checked_again_before_reading():
+    planned = OffsetRange("t", 0, 10, 50, range_id=1)
+    assert recheck_retention(planned, 10, "fail") is planned
+    with pytest.raises(PlanError, match=r"t\[0\]: data loss: .*stored position 10.*earliest available offset is now 30"):
+        recheck_retention(planned, 30, "fail")
+    assert recheck_retention(planned, 30, "skip").lost_until == 30
+    assert recheck_retention(planned, 90, "skip").lost_until == 50

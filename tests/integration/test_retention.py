@@ -1,0 +1,108 @@
+"""Retention overtaking the stored position, under both policies, against the real broker.
+
+`delete_records` moves the log start exactly as retention does. Ground truth is read from the topic
+before and after each deletion, so the expected totals never come from our own code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_batch import sample_data
+from kafka_batch.kafka_source import DataLossError, read_range
+from kafka_batch.planner import OffsetRange
+from tests.integration.helpers import (
+    delete_records,
+    ground_truth,
+    kafka_config,
+    merged,
+    new_pipeline,
+    pg_connect,
+    positions,
+    run_cli,
+    table_contents,
+    update_pipeline,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _data_loss(pipeline_name: str) -> list[tuple]:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT d.topic, d.partition, d.lost_from, d.lost_until, b.run_id FROM kafka_batch.data_loss d"
+            " JOIN kafka_batch.batches b ON b.id = d.batch_id WHERE d.pipeline = %s ORDER BY d.lost_from",
+            (pipeline_name,),
+        )
+        rows = cur.fetchall()
+    conn.close()
+    return rows
+
+
+def _batch_status(pipeline_name: str, run_id: str) -> str:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT status FROM kafka_batch.batches WHERE pipeline = %s AND run_id = %s", (pipeline_name, run_id))
+        (status,) = cur.fetchone()
+    conn.close()
+    return status
+
+
+def _produce(topic: str, count: int, seed: int) -> None:
+    sample_data.produce_page_views(kafka_config(), topic, count, seed=seed)
+
+
+def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
+    pipeline = new_pipeline("loss", partitions=1)
+    topic = pipeline.topics[0]
+    _produce(topic, 100, seed=1)
+    run_cli("run", "--pipeline", pipeline.name)
+    first = ground_truth(topic)
+    assert table_contents(pipeline.table) == first and positions(pipeline.name) == {(topic, 0): 100}
+
+    # Planned, then deleted before the job runs: the job checks again before Spark starts.
+    _produce(topic, 100, seed=2)
+    run_cli("plan", "--pipeline", pipeline.name, "--run-id", "r2")
+    delete_records(topic, 0, 130)
+    with pytest.raises(DataLossError, match=rf"{topic}\[0\] range 100..140 at offset 100: offset out of range"):
+        for _ in read_range(kafka_config(), OffsetRange(topic, 0, 100, 140)):
+            pass
+    failed = run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2", check=False)
+    assert failed.returncode != 0
+    assert "stored position 100" in failed.stderr and "earliest available offset is now 130" in failed.stderr
+    assert _batch_status(pipeline.name, "r2") == "failed"
+    assert positions(pipeline.name) == {(topic, 0): 100} and table_contents(pipeline.table) == first
+    assert _data_loss(pipeline.name) == []
+
+    # The operator accepts the loss: the same batch now records it and reads what is left.
+    second = ground_truth(topic)  # offsets 130..200
+    update_pipeline(pipeline.name, on_data_loss="skip")
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2")
+    assert positions(pipeline.name) == {(topic, 0): 200}
+    assert table_contents(pipeline.table) == merged(first, second)
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2")]
+
+    # Deleted before planning: the planner plans past the gap and the commit records it.
+    _produce(topic, 100, seed=3)
+    delete_records(topic, 0, 250)
+    third = ground_truth(topic)  # offsets 250..300
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "r3")
+    assert positions(pipeline.name) == {(topic, 0): 300}
+    assert table_contents(pipeline.table) == merged(first, second, third)
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2"), (topic, 0, 200, 250, "r3")]
+
+    # Back to `fail`: the planner refuses, nothing is planned or changed.
+    update_pipeline(pipeline.name, on_data_loss="fail")
+    _produce(topic, 50, seed=4)
+    delete_records(topic, 0, 320)
+    refused = run_cli("run", "--pipeline", pipeline.name, "--run-id", "r4", check=False)
+    assert refused.returncode == 2
+    assert f"{topic}[0]: data loss: stored position 300 is below the earliest available offset 320" in refused.stderr
+    assert positions(pipeline.name) == {(topic, 0): 300}
+    assert table_contents(pipeline.table) == merged(first, second, third)
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s AND run_id = 'r4'", (pipeline.name,))
+        assert cur.fetchone()[0] == 0
+    conn.close()
