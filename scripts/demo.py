@@ -30,9 +30,12 @@ def run_dag(dag_id: str, log_path: str) -> None:
     print(f"  DAG run succeeded in {time.monotonic() - started:.0f}s")
 
 
-def show(cur, table: str) -> int:
-    cur.execute("SELECT topic, partition, next_offset, batch_id FROM kafka_batch.offsets ORDER BY 1, 2")
-    print("  committed offsets:")
+def show(cur, pipeline: str, table: str) -> int:
+    cur.execute(
+        "SELECT topic, partition, next_offset, batch_id FROM kafka_batch.offsets WHERE pipeline = %s ORDER BY 1, 2",
+        (pipeline,),
+    )
+    print(f"  committed offsets of pipeline {pipeline}:")
     for topic, partition, offset, batch in cur.fetchall():
         print(f"    {topic}[{partition}] next_offset={offset} (batch {batch})")
     cur.execute(f"SELECT page, minute, views, total_duration_ms FROM {table} ORDER BY views DESC, page LIMIT 5")
@@ -59,12 +62,12 @@ def main() -> int:
     conn = psycopg2.connect(**postgres)
     conn.autocommit = True
     with conn.cursor() as cur:
-        before = show(cur, pipeline.table)
+        before = show(cur, pipeline.name, pipeline.table)
         for step, count in ((1, FIRST), (2, SECOND)):
             print(f"\n== step {step}: produce {count} page views to {topic!r}")
             sample_data.produce_page_views(kafka, topic, count, seed=int(time.time()))
             run_dag(pipeline.dag_id, os.path.join(log_dir, f"run-{step}.log"))
-            after = show(cur, pipeline.table)
+            after = show(cur, pipeline.name, pipeline.table)
             added = after - before
             verdict = "exactly the new records" if added == count else "MISMATCH"
             print(f"  added {added} views for {count} produced records: {verdict}")

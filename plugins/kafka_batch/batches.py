@@ -5,6 +5,7 @@ The same functions serve the DAG tasks, the CLI and the tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from kafka_batch import offset_store
@@ -35,20 +36,10 @@ def partition_states(cur, kafka: KafkaOffsets, pipeline: Pipeline) -> tuple[list
     start = pipeline.start
     kind, start_offsets = start.kind, start.offsets
     if kind == "timestamp" and not positions:
-        kind, start_offsets = "offsets", _offsets_at(kafka, states, start.timestamp_ms)
+        kind, start_offsets = "offsets", kafka.offsets_at_time([(s.topic, s.partition) for s in states], start.timestamp_ms)
     initial = initial_positions(states, kind, pipeline.new_partitions, start_offsets)
     states = [replace(s, position=initial.get((s.topic, s.partition), s.position)) for s in states]
     return states, initial
-
-
-def _offsets_at(kafka: KafkaOffsets, states: list[PartitionState], timestamp_ms: int) -> dict[tuple[str, int], int]:
-    """Offsets-for-times: the first record at or after the timestamp, else the end; never past the LSO."""
-    found = kafka.offsets_for_time([(s.topic, s.partition) for s in states], timestamp_ms)
-    return {
-        (s.topic, s.partition): s.last_stable if found[(s.topic, s.partition)] is None
-        else min(found[(s.topic, s.partition)], s.last_stable)
-        for s in states
-    }
 
 
 def next_ranges(states: list[PartitionState], pipeline: Pipeline) -> list[OffsetRange]:
@@ -84,17 +75,27 @@ def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
     }
 
 
-def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:
-    """The batch of a run: the persisted one if the run planned before (a retry), else a new plan."""
+def plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, plan: Callable[[object], Batch]) -> Batch:
+    """The batch of a run: the persisted one if the run planned before (a retry), else `plan(cur)`.
+
+    Planning holds the pipeline's lock, so concurrent runs plan one after the other from fresh positions.
+    """
     prepare(conn, pipeline)
     with transaction(conn) as cur:
         offset_store.lock_pipeline(cur, pipeline.name)
-        existing = offset_store.find_batch(cur, pipeline.name, run_id)
-        if existing is not None:
-            return existing
+        existing = offset_store.find_batch(cur, pipeline.name, dag_id, run_id)
+        return existing if existing is not None else plan(cur)
+
+
+def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:
+    """The next batch from the stored positions up to the last stable offsets, within the limits."""
+
+    def plan(cur) -> Batch:
         states, initial = partition_states(cur, kafka, pipeline)
         offset_store.store_initial_positions(cur, pipeline.name, initial)
         return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, next_ranges(states, pipeline))
+
+    return plan_once(conn, pipeline, dag_id, run_id, plan)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,10 @@ def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict
     """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details."""
     batch = offset_store.load_batch(conn, batch_id)
     partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
-    return {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
+    result = {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
+    if batch.status == "previewed":
+        result["preview"] = offset_store.replay_preview(conn, batch_id)
+    return result
 
 
 def format_status(rows: list[PartitionStatus]) -> str:

@@ -25,7 +25,7 @@ def _services(pipeline):
     return offset_store.connect(postgres), kafka
 
 
-def submit_batch(pipeline, batch_id: int) -> None:
+def submit_batch(pipeline, batch_id: int, mode: str = "commit") -> None:
     """spark-submit the batch through the same hook the DAG's operator uses."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
@@ -41,7 +41,7 @@ def submit_batch(pipeline, batch_id: int) -> None:
         conf=dict(submit.SPARK_CONF),
         py_files=str(submit.package_zip()),
         name=f"kafka_batch_{pipeline.name}",
-        application_args=submit.application_args(pipeline, batch_id),
+        application_args=submit.application_args(pipeline, batch_id, mode=mode),
         env_vars=env,
     )
     hook.submit(str(submit.APPLICATION))
@@ -69,15 +69,20 @@ def _cli_run_id() -> str:
     return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
+def _execute(conn, kafka, pipeline, batch, mode: str = "commit") -> dict:
+    """spark-submit a batch that still has to run (a committed one is left alone), then report it."""
+    if batch.status in ("planned", "failed"):
+        submit_batch(pipeline, batch.id, mode)
+    return batches.report(conn, kafka, pipeline, batch.id)
+
+
 def cmd_run(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
         batch = batches.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
         print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
-        if batch.status in ("planned", "failed"):
-            submit_batch(pipeline, batch.id)
-        summary = batches.report(conn, kafka, pipeline, batch.id)
+        summary = _execute(conn, kafka, pipeline, batch)
     finally:
         conn.close()
     print(f"batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records; lag {summary['lag']}")
@@ -101,22 +106,23 @@ def cmd_replay(args) -> int:
     request = _offset_request(args)
     conn, kafka = _services(pipeline)
     try:
-        ranges, batch = operations.plan_replay(
+        batch = operations.plan_replay(
             conn, kafka, pipeline, request, run_id=args.run_id or "replay__" + _cli_run_id(), requested_by=args.by,
-            reason=args.reason, dry_run=args.dry_run,
+            reason=args.reason,
         )
-        print(f"{'dry run: would recompute' if args.dry_run else 'recomputing'} {len(ranges)} committed range(s)"
+        print(f"{'dry run: would recompute' if args.dry_run else 'recomputing'} {len(batch.ranges)} committed range(s)"
               " (the request widened to whole ranges):")
-        for r in ranges:
+        for r in batch.ranges:
             print(f"  {r}")
-        if args.dry_run:
-            print("their current contribution to the totals:", operations.contribution_summary(conn, pipeline, ranges))
-            return 0
-        if batch.status in ("planned", "failed"):
-            submit_batch(pipeline, batch.id)
-        summary = batches.report(conn, kafka, pipeline, batch.id)
+        summary = _execute(conn, kafka, pipeline, batch, "preview" if args.dry_run else "commit")
     finally:
         conn.close()
+    if args.dry_run:
+        print(f"replay {summary['batch_id']} previewed, nothing committed; {len(summary['preview'])} group key(s)"
+              " would change (before -> after):")
+        for row in summary["preview"]:
+            print(f"  {json.dumps(row['group_key'])}: {json.dumps(row['before'])} -> {json.dumps(row['after'])}")
+        return 0
     print(f"replay batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records recomputed")
     return 0
 

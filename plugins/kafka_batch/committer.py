@@ -63,15 +63,14 @@ def _move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> No
     )
 
 
-def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> int:
-    """COPY rows of (range_id, keys..., measures...) and add them to the totals."""
-    if contributions.num_rows == 0:
-        return 0
+def _ident(names: list[str]) -> sql.Composable:
+    return sql.SQL(", ").join(map(sql.Identifier, names))
+
+
+def _stage(cur, pipeline: Pipeline, contributions: pa.Table) -> list[str]:
+    """COPY rows of (range_id, keys..., measures...) into a temporary table dropped at commit."""
     columns = ["range_id"] + [c.name for c in pipeline.group_by + pipeline.measures]
-    keys = [c.name for c in pipeline.group_by]
-    measures = [c.name for c in pipeline.measures]
     schema, by_range = pipeline.contributions_table.split(".")
-    ident = lambda names: sql.SQL(", ").join(map(sql.Identifier, names))  # noqa: E731
     cur.execute(
         sql.SQL("CREATE TEMP TABLE kafka_batch_stage ON COMMIT DROP AS SELECT * FROM {}.{} WITH NO DATA").format(
             sql.Identifier(schema), sql.Identifier(by_range)
@@ -81,12 +80,23 @@ def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> in
     pacsv.write_csv(contributions.select(columns), buffer, pacsv.WriteOptions(include_header=False))
     buffer.seek(0)
     cur.copy_expert(
-        sql.SQL("COPY kafka_batch_stage ({}) FROM STDIN WITH (FORMAT csv)").format(ident(columns)).as_string(cur),
+        sql.SQL("COPY kafka_batch_stage ({}) FROM STDIN WITH (FORMAT csv)").format(_ident(columns)).as_string(cur),
         buffer,
     )
+    return columns
+
+
+def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> int:
+    """Keep each range's contribution and add them to the totals."""
+    if contributions.num_rows == 0:
+        return 0
+    columns = _stage(cur, pipeline, contributions)
+    keys = [c.name for c in pipeline.group_by]
+    measures = [c.name for c in pipeline.measures]
+    schema, by_range = pipeline.contributions_table.split(".")
     cur.execute(
         sql.SQL("INSERT INTO {}.{} ({cols}) SELECT {cols} FROM kafka_batch_stage").format(
-            sql.Identifier(schema), sql.Identifier(by_range), cols=ident(columns)
+            sql.Identifier(schema), sql.Identifier(by_range), cols=_ident(columns)
         )
     )
     cur.execute(
@@ -95,8 +105,8 @@ def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> in
             " ON CONFLICT ({keys}) DO UPDATE SET {updates}"
         ).format(
             table=sql.Identifier(pipeline.table),
-            keys=ident(keys),
-            measures=ident(measures),
+            keys=_ident(keys),
+            measures=_ident(measures),
             sums=sql.SQL(", ").join(sql.SQL("sum({})").format(sql.Identifier(m)) for m in measures),
             updates=sql.SQL(", ").join(
                 sql.SQL("{m} = {table}.{m} + EXCLUDED.{m}").format(m=sql.Identifier(m), table=sql.Identifier(pipeline.table))
@@ -114,7 +124,7 @@ def remove_contributions(cur, pipeline: Pipeline, range_ids: list[int]) -> int:
     keys = [c.name for c in pipeline.group_by]
     measures = [c.name for c in pipeline.measures]
     schema, by_range = pipeline.contributions_table.split(".")
-    ident = lambda names: sql.SQL(", ").join(map(sql.Identifier, names))  # noqa: E731
+    ident = _ident
     table, contributions = sql.Identifier(pipeline.table), sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(by_range))
     same_keys = lambda left, right: sql.SQL(" AND ").join(  # noqa: E731
         sql.SQL("{}.{k} = {}.{k}").format(sql.Identifier(left), sql.Identifier(right), k=sql.Identifier(k)) for k in keys
@@ -171,6 +181,67 @@ def _retire_replaced(cur, pipeline: Pipeline, batch_id: int) -> None:
     )
 
 
+def _current_attempt(cur, pipeline: Pipeline, batch_id: int, attempt: int):
+    """Lock the pipeline and the batch; refuse an attempt that is no longer the batch's current one."""
+    lock_pipeline(cur, pipeline.name)
+    batch = select_batch(cur, "id = %s FOR UPDATE", (batch_id,))
+    if batch is None or batch.pipeline != pipeline.name:
+        raise BatchError(f"batch {batch_id} does not exist for pipeline {pipeline.name!r}")
+    if batch.status == "committed":
+        return batch
+    if batch.status not in ("planned", "failed"):
+        raise FencedAttempt(f"batch {batch_id} is {batch.status} ({batch.error}); it can no longer commit")
+    if batch.attempt != attempt:
+        raise FencedAttempt(
+            f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} started since; not committing"
+        )
+    return batch
+
+
+def preview_replay(conn, pipeline: Pipeline, batch_id: int, attempt: int, contributions: pa.Table) -> int:
+    """A replay's dry run: store how the totals would change, per group key, and commit nothing else.
+
+    The batch ends `previewed` (it can never commit); returns how many keys would change.
+    """
+    keys = [c.name for c in pipeline.group_by]
+    measures = [c.name for c in pipeline.measures]
+    schema, by_range = pipeline.contributions_table.split(".")
+    with transaction(conn) as cur:
+        batch = _current_attempt(cur, pipeline, batch_id, attempt)
+        if batch.kind != "replay" or batch.status == "committed":
+            raise BatchError(f"batch {batch_id} is a {batch.status} {batch.kind}; only a planned replay can be previewed")
+        _stage(cur, pipeline, contributions)
+        sums = sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
+        as_json = lambda side, names: sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(  # noqa: E731
+            sql.SQL("{}, {}.{}").format(sql.Literal(n), sql.Identifier(side), sql.Identifier(n)) for n in names
+        ))
+        first_key = sql.Identifier(keys[0])
+        cur.execute(
+            sql.SQL(
+                "WITH old AS (SELECT {keys}, {sums} FROM {schema}.{by_range} WHERE range_id IN"
+                "  (SELECT replaces_range_id FROM kafka_batch.batch_ranges WHERE batch_id = %(batch)s) GROUP BY {keys}),"
+                " new AS (SELECT {keys}, {sums} FROM kafka_batch_stage GROUP BY {keys})"
+                " INSERT INTO kafka_batch.replay_previews (batch_id, group_key, before, after)"
+                " SELECT %(batch)s, CASE WHEN old.{first} IS NULL THEN {new_key} ELSE {old_key} END,"
+                "  CASE WHEN old.{first} IS NULL THEN NULL ELSE {old_measures} END,"
+                "  CASE WHEN new.{first} IS NULL THEN NULL ELSE {new_measures} END"
+                " FROM old FULL OUTER JOIN new ON {match}"
+                " WHERE old.{first} IS NULL OR new.{first} IS NULL OR ({old_cols}) IS DISTINCT FROM ({new_cols})"
+            ).format(
+                keys=_ident(keys), sums=sums, schema=sql.Identifier(schema), by_range=sql.Identifier(by_range),
+                first=first_key, new_key=as_json("new", keys), old_key=as_json("old", keys),
+                old_measures=as_json("old", measures), new_measures=as_json("new", measures),
+                match=sql.SQL(" AND ").join(sql.SQL("old.{k} = new.{k}").format(k=sql.Identifier(k)) for k in keys),
+                old_cols=sql.SQL(", ").join(sql.SQL("old.{}").format(sql.Identifier(m)) for m in measures),
+                new_cols=sql.SQL(", ").join(sql.SQL("new.{}").format(sql.Identifier(m)) for m in measures),
+            ),
+            {"batch": batch_id},
+        )
+        changed = cur.rowcount
+        cur.execute("UPDATE kafka_batch.batches SET status = 'previewed', error = NULL WHERE id = %s", (batch_id,))
+    return changed
+
+
 def commit_batch(
     conn,
     pipeline: Pipeline,
@@ -181,18 +252,9 @@ def commit_batch(
 ) -> CommitResult:
     """Commit one attempt of a batch. A batch already committed is a no-op success."""
     with transaction(conn) as cur:
-        lock_pipeline(cur, pipeline.name)
-        batch = select_batch(cur, "id = %s FOR UPDATE", (batch_id,))
-        if batch is None or batch.pipeline != pipeline.name:
-            raise BatchError(f"batch {batch_id} does not exist for pipeline {pipeline.name!r}")
+        batch = _current_attempt(cur, pipeline, batch_id, attempt)
         if batch.status == "committed":
             return CommitResult(batch_id, True, batch.records_read or 0, 0)
-        if batch.status not in ("planned", "failed"):
-            raise FencedAttempt(f"batch {batch_id} is {batch.status} ({batch.error}); it can no longer commit")
-        if batch.attempt != attempt:
-            raise FencedAttempt(
-                f"batch {batch_id}: attempt {attempt} is stale, attempt {batch.attempt} started since; not committing"
-            )
         unknown = set(counts) - {r.range_id for r in batch.ranges}
         if unknown:
             raise BatchError(f"batch {batch_id}: results name ranges {sorted(unknown)} that are not in the batch")

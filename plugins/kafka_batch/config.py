@@ -64,6 +64,7 @@ class ReadSettings:
     consume_batch_size: int = 10_000
     poll_timeout_seconds: float = 1.0
     stall_timeout_seconds: float = 120.0
+    fence_check_seconds: float = 5.0  # how often a running job checks that its attempt is still current
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Pipeline:
     topic_pattern: str | None = None
     start: StartPolicy = field(default_factory=StartPolicy)
     new_partitions: str = "earliest"
+    plan_by: str = "offsets"  # or "time": a run reads up to the end of its data interval
     schedule: str | None = None
     on_data_loss: str = "fail"
     limits: Limits = field(default_factory=Limits)
@@ -226,7 +228,7 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     where = f"{name!r} ({source})" if name else source
     name = _identifier(where, "name", name)
     known = {
-        "name", "topics", "start", "new_partitions", "schedule", "on_data_loss", "limits", "read", "connections",
+        "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "limits", "read", "connections",
         "record", "aggregation", "description",
     }
     unknown = set(raw) - known
@@ -282,6 +284,12 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     if schedule is not None and not isinstance(schedule, str):
         raise _fail(where, f"schedule must be a cron expression, a preset like '@hourly', or null, got {schedule!r}")
 
+    plan_by = raw.get("plan_by", "offsets")
+    if plan_by not in ("offsets", "time"):
+        raise _fail(where, f"plan_by {plan_by!r} must be 'offsets' or 'time'")
+    if plan_by == "time" and (schedule is None or schedule.startswith("@")):
+        raise _fail(where, "plan_by: time needs a cron schedule (its runs' data intervals bound the batches)")
+
     return Pipeline(
         name=name,
         topics=topics,
@@ -292,6 +300,7 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         measures=measures,
         start=start,
         new_partitions=new_partitions,
+        plan_by=plan_by,
         schedule=schedule,
         on_data_loss=on_data_loss,
         limits=_positive_ints(where, "limits", raw.get("limits"), Limits),

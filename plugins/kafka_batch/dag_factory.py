@@ -46,7 +46,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
             f"{pipeline.topics_label} and commits the aggregates into `{pipeline.table}` together "
             "with the new positions, in one Postgres transaction."
         ),
-        schedule=pipeline.schedule,
+        schedule=_schedule(pipeline),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
@@ -56,7 +56,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
     ) as dag:
 
         @task
-        def plan(params: dict, run_id: str, ti=None) -> dict:
+        def plan(params: dict, run_id: str, data_interval_start=None, data_interval_end=None) -> dict:
             """Persist this run's ranges; a retry or clear of the run gets the same batch back."""
             from kafka_batch import batches, operations
 
@@ -70,7 +70,13 @@ def build_dag(pipeline: Pipeline) -> DAG:
                     summary = batches.dry_run(conn, kafka, limited)
                     _log_plan("dry run (nothing persisted)", summary)
                     return summary
-                batch = batches.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
+                if pipeline.plan_by == "time":
+                    batch = operations.plan_for_interval(
+                        conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
+                        start_ms=int(data_interval_start.timestamp() * 1000), end_ms=int(data_interval_end.timestamp() * 1000),
+                    )
+                else:
+                    batch = batches.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
                 if batch.status == "committed" and params["recompute"]:
                     batch = operations.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                        dag_id=pipeline.dag_id)
@@ -84,6 +90,15 @@ def build_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def _schedule(pipeline: Pipeline):
+    """Pipelines planned by time need real data intervals: [previous tick, this tick)."""
+    if pipeline.plan_by != "time":
+        return pipeline.schedule
+    from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+    return CronDataIntervalTimetable(pipeline.schedule, timezone="UTC")
+
+
 def build_replay_dag(pipeline: Pipeline) -> DAG:
     """A manual DAG to recompute committed ranges of one topic; dry run by default."""
     topic = {"type": "string", "enum": list(pipeline.topics)} if pipeline.topics else {"type": "string"}
@@ -92,8 +107,9 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         description=f"Recompute committed ranges of {pipeline.name} and swap their contributions",
         doc_md=(
             "Give a topic, partitions (empty: all) and offsets *or* times. The request is widened to the "
-            "committed ranges it overlaps; a dry run (the default) only reports them and their current "
-            "contribution. Positions never move; scheduled runs go on and serialize with the replay."
+            "committed ranges it overlaps; a dry run (the default) recomputes them and reports, per group "
+            "key, the totals' change it would make, committing nothing. Positions never move; scheduled "
+            "runs go on and serialize with the replay."
         ),
         schedule=None,
         start_date=START_DATE,
@@ -126,21 +142,17 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
             )
             conn, kafka = _services(pipeline)
             try:
-                ranges, batch = operations.plan_replay(
+                batch = operations.plan_replay(
                     conn, kafka, pipeline, request, run_id=run_id, requested_by=f"airflow:{run_id}",
-                    reason=params["reason"], dag_id=f"{pipeline.dag_id}__replay", dry_run=params["dry_run"],
+                    reason=params["reason"], dag_id=f"{pipeline.dag_id}__replay",
                 )
-                current = operations.contribution_summary(conn, pipeline, ranges)
             finally:
                 conn.close()
-            for r in ranges:
-                log.info("  replays %s", r)
-            log.info("current contribution of these ranges: %s", current)
-            if batch is None:
-                return {"status": "dry_run", "ranges": [str(r) for r in ranges], "current_contribution": current}
-            return batch.summary()
+            summary = batch.summary()
+            _log_plan(f"replay {batch.id} ({batch.status}), widened to whole committed ranges", summary)
+            return summary
 
-        _execute_and_report(pipeline, plan())
+        _execute_and_report(pipeline, plan(), mode="{{ 'preview' if params.dry_run else 'commit' }}")
     return dag
 
 
@@ -150,7 +162,7 @@ def _log_plan(what: str, summary: dict) -> None:
         log.info("  %s[%s] %s..%s", r["topic"], r["partition"], r["from_offset"], r["until_offset"])
 
 
-def _execute_and_report(pipeline: Pipeline, summary) -> None:
+def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> None:
     """has_work -> execute (spark-submit) -> report; Spark starts only for a batch to execute."""
 
     @task.short_circuit(ignore_downstream_trigger_rules=False)
@@ -162,6 +174,7 @@ def _execute_and_report(pipeline: Pipeline, summary) -> None:
         task_id="execute",
         pipeline_name=pipeline.name,
         batch_id="{{ ti.xcom_pull(task_ids='plan')['batch_id'] }}",
+        mode=mode,
     )
 
     @task(trigger_rule=TriggerRule.NONE_FAILED)
@@ -182,6 +195,11 @@ def _execute_and_report(pipeline: Pipeline, summary) -> None:
         for p in result["partitions"]:
             log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
                      p["last_stable"], p["lag"])
+        if "preview" in result:
+            log.info("dry run: %d group keys would change (nothing committed):", len(result["preview"]))
+            for row in result["preview"]:
+                log.info("  %s: %s -> %s", row["group_key"], row["before"], row["after"])
+            result["preview"] = result["preview"][:100]  # XCom stays small; the table keeps them all
         return result
 
     has_work(summary) >> execute >> report(summary)

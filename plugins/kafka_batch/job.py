@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_batch import connections, offset_store
-from kafka_batch.committer import CommitResult, FencedAttempt, RangeCounts, commit_batch
+from kafka_batch.committer import CommitResult, FencedAttempt, RangeCounts, commit_batch, preview_replay
 from kafka_batch.config import Pipeline, load_pipeline
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.planner import OffsetRange, recheck_retention, split_for_tasks
@@ -52,9 +53,47 @@ def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[Off
     return checked
 
 
+class _FenceWatch:
+    """Polls the batch's attempt token while Spark works; a newer attempt cancels this one's Spark jobs.
+
+    The commit transaction is what guarantees a zombie cannot commit; this only makes it stop early
+    instead of reading and aggregating a whole batch for nothing.
+    """
+
+    def __init__(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float):
+        self.fenced_by: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, args=(spark, postgres, batch_id, attempt, interval), daemon=True, name="fence-watch"
+        )
+
+    def __enter__(self) -> _FenceWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _watch(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float) -> None:
+        conn = offset_store.connect(postgres)
+        try:
+            while not self._stop.wait(interval):
+                current = offset_store.current_attempt(conn, batch_id)
+                if current != attempt:
+                    self.fenced_by = current
+                    log.warning("batch %s: attempt %s started; cancelling attempt %s", batch_id, current, attempt)
+                    spark.sparkContext.cancelAllJobs()
+                    return
+        finally:
+            conn.close()
+
+
 def run_batch(
-    spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: int, try_number: int | None = None
+    spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch_id: int, try_number: int | None = None,
+    mode: str = "commit",
 ) -> CommitResult:
+    """Execute a batch: commit it, or (mode `preview`, replays only) store how it would change the totals."""
     conn = offset_store.connect(postgres)
     try:
         batch = offset_store.load_batch(conn, batch_id)
@@ -76,7 +115,20 @@ def run_batch(
             limits = pipeline.limits
             tasks = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
             records = read_ranges(spark, kafka, tasks, pipeline.read)
-            contributions, counts = split_result(aggregate(records, pipeline).toArrow())
+            with _FenceWatch(spark, postgres, batch_id, attempt, pipeline.read.fence_check_seconds) as watch:
+                try:
+                    result_table = aggregate(records, pipeline).toArrow()
+                except Exception:
+                    if watch.fenced_by is not None:
+                        raise FencedAttempt(
+                            f"batch {batch_id}: attempt {attempt} stopped early, attempt {watch.fenced_by} started since"
+                        ) from None
+                    raise
+            contributions, counts = split_result(result_table)
+            if mode == "preview":
+                changed = preview_replay(conn, pipeline, batch_id, attempt, contributions)
+                log.info("replay %s previewed: %d group keys would change; nothing committed", batch_id, changed)
+                return CommitResult(batch_id, False, sum(c.records for c in counts.values()), changed)
             result = commit_batch(conn, pipeline, batch_id, attempt, contributions, counts)
         except Exception as exc:
             offset_store.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
@@ -92,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--batch-id", required=True, type=int)
     parser.add_argument("--try-number", type=int, help="the Airflow try executing the batch, for the ledger")
+    parser.add_argument("--mode", choices=["commit", "preview"], default="commit",
+                        help="preview: a replay's dry run, stores the change it would make and commits nothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -106,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     try:
-        result = run_batch(spark, pipeline, postgres, kafka, args.batch_id, args.try_number)
+        result = run_batch(spark, pipeline, postgres, kafka, args.batch_id, args.try_number, args.mode)
     finally:
         spark.stop()
-    state = "was already committed" if result.already_committed else "committed"
+    state = "was already committed" if result.already_committed else "committed" if args.mode == "commit" else "previewed"
     print(f"kafka_batch: batch {result.batch_id} {state}: {result.records} records", file=sys.stderr)
     return 0

@@ -91,6 +91,14 @@ class KafkaOffsets:
         found = self._list(partitions, OffsetSpec.for_timestamp(timestamp_ms))
         return {tp: (None if offset < 0 else offset) for tp, offset in found.items()}
 
+    def offsets_at_time(self, partitions: list[tuple[str, int]], timestamp_ms: int) -> dict[tuple[str, int], int]:
+        """Where records at or after a time begin: offsets-for-times, else the end; never past the LSO."""
+        found = self.offsets_for_time(partitions, timestamp_ms)
+        ends = self.offsets(partitions)
+        return {
+            tp: ends[tp].last_stable if found[tp] is None else min(found[tp], ends[tp].last_stable) for tp in partitions
+        }
+
     def _list(self, partitions: list[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
         request = {TopicPartition(t, p): spec for t, p in partitions}
         futures = self._admin.list_offsets(

@@ -178,8 +178,11 @@ def select_batch(cur, where: str, params: tuple) -> Batch | None:
     return Batch(batch_id, pipeline, run_id, status, attempt, ranges, records_read, error, kind)
 
 
-def find_batch(cur, pipeline_name: str, run_id: str) -> Batch | None:
-    return select_batch(cur, "pipeline = %s AND run_id = %s", (pipeline_name, run_id))
+def find_batch(cur, pipeline_name: str, dag_id: str | None, run_id: str) -> Batch | None:
+    """The batch of one run; run ids are unique per DAG only (dag_id None: the CLI's runs)."""
+    return select_batch(
+        cur, "pipeline = %s AND coalesce(dag_id, '') = coalesce(%s, '') AND run_id = %s", (pipeline_name, dag_id, run_id)
+    )
 
 
 def load_batch(conn, batch_id: int) -> Batch:
@@ -270,6 +273,23 @@ def claim_attempt(conn, batch_id: int) -> int:
     if row is None:
         raise BatchError(f"batch {batch_id} does not exist")
     return row[0]
+
+
+def replay_preview(conn, batch_id: int) -> list[dict]:
+    """A previewed replay: per group key, the measures now and after the replay (null: absent)."""
+    with transaction(conn) as cur:
+        cur.execute(
+            "SELECT group_key, before, after FROM kafka_batch.replay_previews WHERE batch_id = %s ORDER BY group_key::text",
+            (batch_id,),
+        )
+        return [{"group_key": k, "before": b, "after": a} for k, b, a in cur.fetchall()]
+
+
+def current_attempt(conn, batch_id: int) -> int | None:
+    with transaction(conn) as cur:
+        cur.execute("SELECT attempt FROM kafka_batch.batches WHERE id = %s", (batch_id,))
+        row = cur.fetchone()
+    return None if row is None else row[0]
 
 
 def record_try(conn, batch_id: int, try_number: int) -> None:

@@ -7,7 +7,7 @@ run under the pipeline lock, so they serialize with planning and commits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kafka_batch import batches, committer, offset_store
 from kafka_batch.config import Pipeline
@@ -45,11 +45,8 @@ def _read_partitions(cur, pipeline: Pipeline, request: OffsetRequest) -> list[in
 
 
 def _offsets_at(kafka: KafkaOffsets, topic: str, partitions: list[int], time_ms: int) -> dict[int, int]:
-    """The first offset at or after a time; the last stable offset where no record is that late yet."""
-    tps = [(topic, p) for p in partitions]
-    found = kafka.offsets_for_time(tps, time_ms)
-    ends = kafka.offsets(tps)
-    return {p: ends[(topic, p)].last_stable if found[(topic, p)] is None else found[(topic, p)] for p in partitions}
+    found = kafka.offsets_at_time([(topic, p) for p in partitions], time_ms)
+    return {p: found[(topic, p)] for p in partitions}
 
 
 def _bounds(kafka: KafkaOffsets, request: OffsetRequest, partitions: list[int]) -> dict[int, tuple[int, int]]:
@@ -94,19 +91,48 @@ def ranges_to_replay(cur, kafka: KafkaOffsets, pipeline: Pipeline, request: Offs
 
 def plan_replay(
     conn, kafka: KafkaOffsets, pipeline: Pipeline, request: OffsetRequest, *, run_id: str, requested_by: str,
-    reason: str, dag_id: str | None = None, dry_run: bool = False,
-) -> tuple[list[OffsetRange], Batch | None]:
-    """Persist a replay batch of the widened ranges (or, dry run, only report them)."""
-    batches.prepare(conn, pipeline)
-    with transaction(conn) as cur:
-        offset_store.lock_pipeline(cur, pipeline.name)
-        existing = offset_store.find_batch(cur, pipeline.name, run_id)
-        if existing is not None:
-            return list(existing.ranges), existing
+    reason: str, dag_id: str | None = None,
+) -> Batch:
+    """Persist a replay batch of the widened ranges; executing it commits or (dry run) previews it."""
+
+    def plan(cur) -> Batch:
         replayed = ranges_to_replay(cur, kafka, pipeline, request)
-        if dry_run:
-            return replayed, None
-        return replayed, offset_store.insert_replay(cur, pipeline.name, run_id, dag_id, replayed, requested_by, reason)
+        return offset_store.insert_replay(cur, pipeline.name, run_id, dag_id, replayed, requested_by, reason)
+
+    return batches.plan_once(conn, pipeline, dag_id, run_id, plan)
+
+
+def plan_for_interval(
+    conn, kafka: KafkaOffsets, pipeline: Pipeline, *, run_id: str, start_ms: int, end_ms: int, dag_id: str | None = None
+) -> Batch:
+    """The batch of a run planned by time: records before the interval's end, from the stored position.
+
+    Partitions whose position is before the interval's end get a batch up to it. An interval that is
+    already behind every position (a backfill of the past) is replayed instead: the committed ranges
+    that overlap it are recomputed and swapped, never counted twice.
+    """
+
+    def plan(cur) -> Batch:
+        states, initial = batches.partition_states(cur, kafka, pipeline)
+        offset_store.store_initial_positions(cur, pipeline.name, initial)
+        tps = [(s.topic, s.partition) for s in states]
+        ends = kafka.offsets_at_time(tps, end_ms)
+        behind = [replace(s, last_stable=ends[(s.topic, s.partition)]) for s in states
+                  if s.position < ends[(s.topic, s.partition)]]
+        if behind:
+            return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, batches.next_ranges(behind, pipeline))
+        starts = kafka.offsets_at_time(tps, start_ms)
+        replayed = [
+            r for topic, partition in tps
+            for r in offset_store.live_ranges(cur, pipeline.name, topic, partition)
+            if r.from_offset < ends[(topic, partition)] and r.until_offset > starts[(topic, partition)]
+        ]
+        if not replayed:
+            return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, [])
+        return offset_store.insert_replay(cur, pipeline.name, run_id, dag_id, replayed, f"airflow:{run_id}",
+                                          "interval already committed: recomputed")
+
+    return batches.plan_once(conn, pipeline, dag_id, run_id, plan)
 
 
 def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str, dag_id: str | None = None) -> Batch:
@@ -119,8 +145,9 @@ def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str
         prefix = f"{batch.run_id}__recompute__"
         cur.execute(
             "SELECT count(*), max(id) FILTER (WHERE status IN ('planned', 'failed')) FROM kafka_batch.batches"
-            " WHERE pipeline = %s AND kind = 'replay' AND starts_with(run_id, %s)",
-            (pipeline.name, prefix),
+            " WHERE pipeline = %s AND coalesce(dag_id, '') = coalesce(%s, '') AND kind = 'replay'"
+            " AND starts_with(run_id, %s)",
+            (pipeline.name, dag_id, prefix),
         )
         earlier, pending = cur.fetchone()
         if pending is not None:
@@ -135,23 +162,6 @@ def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str
         return offset_store.insert_replay(
             cur, pipeline.name, f"{prefix}{earlier + 1}", dag_id, replayed, requested_by, f"recompute of batch {batch.id}"
         )
-
-
-def contribution_summary(conn, pipeline: Pipeline, ranges: list[OffsetRange]) -> dict[str, int | float]:
-    """What the ranges add to the totals now (per measure): what a replay or rewind takes out first."""
-    from psycopg2 import sql
-
-    schema, by_range = pipeline.contributions_table.split(".")
-    with transaction(conn) as cur:
-        cur.execute(
-            sql.SQL("SELECT {} FROM {}.{} WHERE range_id = ANY(%s)").format(
-                sql.SQL(", ").join(sql.SQL("coalesce(sum({}), 0)").format(sql.Identifier(m.name)) for m in pipeline.measures),
-                sql.Identifier(schema), sql.Identifier(by_range),
-            ),
-            ([r.range_id for r in ranges],),
-        )
-        row = cur.fetchone()
-    return {m.name: value for m, value in zip(pipeline.measures, row, strict=True)}
 
 
 @dataclass(frozen=True)

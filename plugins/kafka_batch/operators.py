@@ -16,12 +16,12 @@ class BatchSparkSubmitOperator(SparkSubmitOperator):
     template fields, the command line, the logs or XCom.
     """
 
-    def __init__(self, *, pipeline_name: str, batch_id: str, **kwargs) -> None:
+    def __init__(self, *, pipeline_name: str, batch_id: str, mode: str = "commit", **kwargs) -> None:
         self.pipeline_name = pipeline_name
         pipeline = load_pipeline(pipeline_name)
         super().__init__(
             application=str(submit.APPLICATION),
-            application_args=submit.application_args(pipeline, batch_id, "{{ ti.try_number }}"),
+            application_args=submit.application_args(pipeline, batch_id, "{{ ti.try_number }}", mode),
             conn_id=pipeline.connections.spark,
             conf=dict(submit.SPARK_CONF),
             name=f"kafka_batch_{pipeline.name}",

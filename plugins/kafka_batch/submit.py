@@ -66,6 +66,8 @@ def connection_environment(*conns: ConnectionFields) -> dict[str, str]:
     return {env_var(c.conn_id): c.to_json() for c in conns}
 
 
-def application_args(pipeline: Pipeline, batch_id: int | str, try_number: int | str | None = None) -> list[str]:
-    args = ["--pipeline", pipeline.name, "--batch-id", str(batch_id)]
+def application_args(
+    pipeline: Pipeline, batch_id: int | str, try_number: int | str | None = None, mode: str = "commit"
+) -> list[str]:
+    args = ["--pipeline", pipeline.name, "--batch-id", str(batch_id), "--mode", mode]
     return args if try_number is None else [*args, "--try-number", str(try_number)]

@@ -70,7 +70,12 @@ def test_batch_id_reaches_spark_through_the_template(dagbag):
             return {"plan": {"batch_id": 42}}[task_ids]
 
     rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance) for arg in execute.application_args]
-    assert rendered == ["--pipeline", "page_views", "--batch-id", "42", "--try-number", "3"]
+    assert rendered == ["--pipeline", "page_views", "--batch-id", "42", "--mode", "commit", "--try-number", "3"]
+    replay = dagbag.dags[f"{PIPELINES['page_views'].dag_id}__replay"].get_task("execute")
+    for dry_run, mode in ((True, "preview"), (False, "commit")):
+        rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance, params={"dry_run": dry_run})
+                    for arg in replay.application_args]
+        assert rendered[rendered.index("--mode") + 1] == mode
 
 
 def test_compose_defines_every_connection_and_service_the_pipelines_use():

@@ -97,22 +97,31 @@ def ground_truth(topic: str, select=None, duration_factor: int = 1) -> dict[tupl
     return {key: (views[key], durations[key]) for key in views}
 
 
-def table_contents(table: str) -> dict[tuple[str, datetime], tuple[int, int]]:
+def query(statement: str, *params) -> list[tuple]:
     conn = pg_connect()
     with conn.cursor() as cur:
-        cur.execute(f"SELECT page, minute, views, total_duration_ms FROM {table}")
-        rows = {(page, minute): (views, duration) for page, minute, views, duration in cur.fetchall()}
+        cur.execute(statement, params)
+        rows = cur.fetchall()
     conn.close()
     return rows
+
+
+def table_contents(table: str) -> dict[tuple[str, datetime], tuple[int, int]]:
+    rows = query(f"SELECT page, minute, views, total_duration_ms FROM {table}")
+    return {(page, minute): (views, duration) for page, minute, views, duration in rows}
 
 
 def positions(pipeline_name: str) -> dict[tuple[str, int], int]:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute("SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline_name,))
-        rows = {(t, p): o for t, p, o in cur.fetchall()}
-    conn.close()
-    return rows
+    rows = query("SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", pipeline_name)
+    return {(t, p): o for t, p, o in rows}
+
+
+def batches_of(pipeline_name: str) -> list[tuple]:
+    """(id, kind, status, run_id, records_read, error) of each batch, oldest first."""
+    return query(
+        "SELECT id, kind, status, run_id, records_read, error FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id",
+        pipeline_name,
+    )
 
 
 def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -169,10 +178,28 @@ def below(limits: dict[tuple[str, int], int]):
     return lambda partition, offset: offset < next(o for (_, p), o in limits.items() if p == partition)
 
 
-def count_rows(query: str, *params) -> int:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute(query, params)
-        (count,) = cur.fetchone()
-    conn.close()
+def count_rows(statement: str, *params) -> int:
+    [(count,)] = query(statement, *params)
     return count
+
+
+def records_by_partition(topic: str) -> dict[int, list[tuple[int, int]]]:
+    """partition -> [(offset, timestamp ms)] of every committed record, read with a plain consumer."""
+    consumer = Consumer({
+        "bootstrap.servers": kafka_config()["bootstrap.servers"], "group.id": f"check-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
+    })
+    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    found: dict[int, list[tuple[int, int]]] = {p: [] for p in partitions}
+    done: set[int] = set()
+    while len(done) < len(partitions):
+        for m in consumer.consume(1000, timeout=5):
+            if m.error() and m.error().code() == KafkaError._PARTITION_EOF:
+                done.add(m.partition())
+            elif m.error():
+                raise RuntimeError(m.error())
+            else:
+                found[m.partition()].append((m.offset(), m.timestamp()[1]))
+    consumer.close()
+    return found

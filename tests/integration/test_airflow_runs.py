@@ -10,18 +10,23 @@ import json
 import os
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 
 import pytest
 
 from kafka_batch import sample_data
 from tests.integration.helpers import (
     ROOT,
+    batches_of,
+    below,
     count_rows,
     ground_truth,
     kafka_config,
     merged,
     new_pipeline,
     positions,
+    records_by_partition,
     table_contents,
     update_pipeline,
 )
@@ -30,21 +35,11 @@ from tests.integration.test_operations import DOUBLED
 pytestmark = pytest.mark.integration
 
 
-def _run(dag_id: str, logical_date: str, **conf) -> None:
+def _run(dag_id: str, logical_date: str, run_after: str | None = None, **conf) -> None:
     args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
+    args += [run_after] if run_after else []
     result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
     assert result.returncode == 0, f"{dag_id} {logical_date} {conf}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
-def _batches(pipeline_name: str) -> list[tuple]:
-    from tests.integration.helpers import pg_connect
-
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute("SELECT kind, status, run_id FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id", (pipeline_name,))
-        rows = cur.fetchall()
-    conn.close()
-    return rows
 
 
 def test_params_dry_run_limits_clear_and_recompute(services):
@@ -53,7 +48,7 @@ def test_params_dry_run_limits_clear_and_recompute(services):
     sample_data.produce_page_views(kafka_config(), topic, 500, seed=51)
 
     _run(pipeline.dag_id, "2026-01-01T00:00:00+00:00", dry_run=True)
-    assert positions(pipeline.name) == {} and _batches(pipeline.name) == []  # a dry run changes nothing
+    assert positions(pipeline.name) == {} and batches_of(pipeline.name) == []  # a dry run changes nothing
 
     _run(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)
     first = positions(pipeline.name)
@@ -66,7 +61,7 @@ def test_params_dry_run_limits_clear_and_recompute(services):
     sample_data.produce_page_views(kafka_config(), topic, 100, seed=52)
     _run(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
     assert positions(pipeline.name) == committed and table_contents(pipeline.table) != ground_truth(topic)
-    assert len(_batches(pipeline.name)) == 2
+    assert len(batches_of(pipeline.name)) == 2
 
     # Clearing the run that asked for `recompute`, after the aggregation changed: its ranges are replayed.
     update_pipeline(pipeline.name, aggregation={**DOUBLED, "table": pipeline.table})
@@ -77,7 +72,7 @@ def test_params_dry_run_limits_clear_and_recompute(services):
         pipeline.name, "manual__2026-01-02%recompute__1",
     )
     assert first_batch_records == 90
-    assert _batches(pipeline.name)[-1][:2] == ("replay", "committed")
+    assert batches_of(pipeline.name)[-1][1:3] == ("replay", "committed")
     in_first = lambda p, o: o < first[(topic, p)]  # noqa: E731
     assert table_contents(pipeline.table) == merged(
         ground_truth(topic, select=in_first, duration_factor=2),
@@ -95,9 +90,50 @@ def test_replay_dag_reports_first_then_swaps(services):
 
     replay = f"{pipeline.dag_id}__replay"
     _run(replay, "2026-01-01T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1, reason="check")
-    assert table_contents(pipeline.table) == before and len(_batches(pipeline.name)) == 1  # dry run by default
+    assert table_contents(pipeline.table) == before  # a dry run by default: recomputed and previewed only
+    assert batches_of(pipeline.name)[-1][1:3] == ("replay", "previewed")
+    assert count_rows("SELECT count(*) FROM kafka_batch.replay_previews WHERE batch_id = %s",
+                      batches_of(pipeline.name)[-1][0]) > 0
 
     _run(replay, "2026-01-02T00:00:00+00:00", topic=topic, from_time="2020-01-01T00:00:00Z",
          until_time="2100-01-01T00:00:00Z", reason="doubled durations", dry_run=False)
     assert table_contents(pipeline.table) == ground_truth(topic, duration_factor=2)
-    assert [kind for kind, *_ in _batches(pipeline.name)] == ["batch", "replay"]
+    assert [b[1:3] for b in batches_of(pipeline.name)] == [
+        ("batch", "committed"), ("replay", "previewed"), ("replay", "committed"),
+    ]
+
+
+def test_runs_planned_by_time_and_backfills_of_committed_intervals(services):
+    """Runs read up to their interval's end; a backfill of a committed interval recomputes, never adds."""
+    hour = 3_600_000
+    h0 = (int(time.time() * 1000) // hour - 4) * hour
+    pipeline = new_pipeline("bytime", plan_by="time", schedule="0 * * * *")
+    topic = pipeline.topics[0]
+    for n in range(3):  # 300 records in each of three hours, 10 s apart
+        sample_data.produce_page_views(kafka_config(), topic, 300, seed=70 + n, start_ms=h0 + n * hour, spacing_ms=10_000)
+    records = records_by_partition(topic)
+
+    def first_at(moment_ms: int) -> dict[tuple[str, int], int]:
+        return {(topic, p): next((o for o, ts in rs if ts >= moment_ms), rs[-1][0] + 1) for p, rs in records.items()}
+
+    def at(moment_ms: int) -> str:
+        return datetime.fromtimestamp(moment_ms / 1000, UTC).isoformat()
+
+    _run(pipeline.dag_id, at(h0 + hour))  # interval [h0, h0+1h)
+    assert positions(pipeline.name) == first_at(h0 + hour)
+    assert table_contents(pipeline.table) == ground_truth(topic, select=below(first_at(h0 + hour)))
+    _run(pipeline.dag_id, at(h0 + 2 * hour))
+    assert positions(pipeline.name) == first_at(h0 + 2 * hour)
+    done = table_contents(pipeline.table)
+    assert done == ground_truth(topic, select=below(first_at(h0 + 2 * hour)))
+
+    # A backfill run over the first interval, already committed: recomputed and swapped, totals unchanged.
+    _run(pipeline.dag_id, at(h0 + hour), run_after=at(h0 + 5 * hour))
+    assert batches_of(pipeline.name)[-1][1:3] == ("replay", "committed")
+    assert table_contents(pipeline.table) == done and positions(pipeline.name) == first_at(h0 + 2 * hour)
+
+    # A late record (its timestamp in the first hour, its offset after everything) joins the run whose
+    # offsets hold it, and counts in its own minute.
+    sample_data.produce_page_views(kafka_config(), topic, 1, seed=79, start_ms=h0 + 60_000)
+    _run(pipeline.dag_id, at(h0 + 3 * hour))
+    assert table_contents(pipeline.table) == ground_truth(topic)

@@ -115,4 +115,8 @@ def test_a_retried_run_gets_the_same_plan(services):
     newer = batches.plan_batch(conn, kafka, pipeline, run_id="run-2")
     assert newer.span == 500
     assert offset_store.load_batch(conn, first.id).status == "superseded"
+    # Run ids are unique per DAG only: another DAG's run with the same id is another run.
+    elsewhere = batches.plan_batch(conn, kafka, pipeline, run_id="run-2", dag_id="another_dag")
+    assert elsewhere.id != newer.id
+    assert batches.plan_batch(conn, kafka, pipeline, run_id="run-2").id == newer.id
     conn.close()

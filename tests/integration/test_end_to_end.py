@@ -19,6 +19,7 @@ from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.planner import OffsetRange, split_for_tasks
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
+    batches_of,
     ground_truth,
     kafka_config,
     new_pipeline,
@@ -30,18 +31,6 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _batches(pipeline_name: str) -> list[tuple]:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT id, status, records_read, error FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id",
-            (pipeline_name,),
-        )
-        rows = cur.fetchall()
-    conn.close()
-    return rows
 
 
 def test_dag_runs_add_exactly_the_new_records(services):
@@ -57,7 +46,7 @@ def test_dag_runs_add_exactly_the_new_records(services):
         assert sum(v for v, _ in truth.values()) == produced
         assert table_contents(pipeline.table) == truth, f"after run {run}"
 
-    statuses = [status for _, status, _, _ in _batches(pipeline.name)]
+    statuses = [b[2] for b in batches_of(pipeline.name)]
     assert statuses == ["committed", "empty", "committed"]
     conn = pg_connect()
     with conn.cursor() as cur:
@@ -96,10 +85,10 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
     # The Spark job itself, handed the committed batch, is a no-op success too.
     from kafka_batch.cli import submit_batch
 
-    submit_batch(pipeline, _batches(pipeline.name)[0][0])
+    submit_batch(pipeline, batches_of(pipeline.name)[0][0])
     assert table_contents(pipeline.table) == before_table
     assert positions(pipeline.name) == before_positions
-    assert len(_batches(pipeline.name)) == 1
+    assert len(batches_of(pipeline.name)) == 1
 
     # A new run picks up exactly the 300 new records.
     run_cli("run", "--pipeline", pipeline.name, "--run-id", "second")
@@ -119,7 +108,7 @@ def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
 
     result = run_cli("run", "--pipeline", pipeline.name, check=False)
     assert result.returncode != 0
-    [(batch_id, status, records, error)] = _batches(pipeline.name)
+    [(batch_id, _, status, _, records, error)] = batches_of(pipeline.name)
     assert status == "failed"
     assert f"record {topic}[0] at offset 50 cannot be aggregated" in error
     assert "duration_ms" in error

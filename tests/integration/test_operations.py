@@ -6,6 +6,8 @@ the records each operation should have recomputed, removed or skipped selected b
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from kafka_batch import sample_data
@@ -19,6 +21,7 @@ from tests.integration.helpers import (
     new_pipeline,
     pg_connect,
     positions,
+    query,
     run_cli,
     table_contents,
     update_pipeline,
@@ -36,16 +39,11 @@ DOUBLED = {
 
 
 def _live_ranges(pipeline_name: str) -> list[tuple]:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT partition, from_offset, until_offset, kind FROM kafka_batch.live_ranges WHERE pipeline = %s"
-            " ORDER BY partition, from_offset",
-            (pipeline_name,),
-        )
-        rows = cur.fetchall()
-    conn.close()
-    return rows
+    return query(
+        "SELECT partition, from_offset, until_offset, kind FROM kafka_batch.live_ranges WHERE pipeline = %s"
+        " ORDER BY partition, from_offset",
+        pipeline_name,
+    )
 
 
 def test_replay_after_changing_the_aggregation(services):
@@ -61,14 +59,23 @@ def test_replay_after_changing_the_aggregation(services):
 
     update_pipeline(pipeline.name, aggregation={**DOUBLED, "table": pipeline.table})
     before = table_contents(pipeline.table)
+    in_replayed = lambda p, o: p == 1 and o < first_batch[(topic, 1)]  # noqa: E731
     dry = run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "1",
-                  "--from", "3", "--until", "4", "--dry-run")
+                  "--from", "3", "--until", "4", "--dry-run", "--run-id", "preview")
     assert f"{topic}[1] 0..{first_batch[(topic, 1)]}" in dry.stdout and "would recompute 1 committed range" in dry.stdout
-    assert table_contents(pipeline.table) == before
+    assert table_contents(pipeline.table) == before and positions(pipeline.name) == committed
+    # The preview says, per key, what the replayed range adds now and what it would add.
+    now, then = ground_truth(topic, select=in_replayed), ground_truth(topic, select=in_replayed, duration_factor=2)
+    preview = query("SELECT p.group_key, p.before, p.after FROM kafka_batch.replay_previews p"
+                    " JOIN kafka_batch.batches b ON b.id = p.batch_id WHERE b.pipeline = %s AND b.run_id = 'preview'"
+                    " AND b.status = 'previewed'", pipeline.name)
+    assert {(k["page"], datetime.fromisoformat(k["minute"])): ((b["views"], b["total_duration_ms"]),
+                                                              (a["views"], a["total_duration_ms"]))
+            for k, b, a in preview} == {key: (now[key], then[key]) for key in now}
+    assert f"{len(now)} group key(s) would change" in dry.stdout
 
     # Offsets 3..4 of partition 1 widen to the whole first range of partition 1.
     run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "1", "--from", "3", "--until", "4")
-    in_replayed = lambda p, o: p == 1 and o < first_batch[(topic, 1)]  # noqa: E731
     assert table_contents(pipeline.table) == merged(
         ground_truth(topic, select=lambda p, o: not in_replayed(p, o)),
         ground_truth(topic, select=in_replayed, duration_factor=2),

@@ -11,7 +11,6 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from kafka_batch import batches, sample_data
 from kafka_batch.kafka_source import KafkaOffsets
@@ -22,6 +21,7 @@ from tests.integration.helpers import (
     kafka_config,
     merged,
     new_pipeline,
+    records_by_partition,
     run_cli,
     store_connection,
     table_contents,
@@ -38,28 +38,6 @@ def _plan(pipeline, run_id: str):
         conn.close()
 
 
-def _records(topic: str) -> dict[int, list[tuple[int, int]]]:
-    """partition -> [(offset, timestamp ms)] of every committed record, read with a plain consumer."""
-    consumer = Consumer({
-        "bootstrap.servers": kafka_config()["bootstrap.servers"], "group.id": f"check-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
-    })
-    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    found: dict[int, list[tuple[int, int]]] = {p: [] for p in partitions}
-    done: set[int] = set()
-    while len(done) < len(partitions):
-        for m in consumer.consume(1000, timeout=5):
-            if m.error() and m.error().code() == KafkaError._PARTITION_EOF:
-                done.add(m.partition())
-            elif m.error():
-                raise RuntimeError(m.error())
-            else:
-                found[m.partition()].append((m.offset(), m.timestamp()[1]))
-    consumer.close()
-    return found
-
-
 def _end(records: list[tuple[int, int]]) -> int:
     return records[-1][0] + 1 if records else 0
 
@@ -69,7 +47,7 @@ def test_start_at_a_timestamp_uses_offsets_for_times(services):
     pipeline = new_pipeline("from_time", start={"timestamp": datetime.fromtimestamp((t0 + 60_000) / 1000, UTC).isoformat()})
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=5, start_ms=t0, spacing_ms=1000)
-    records = _records(topic)
+    records = records_by_partition(topic)
     expected = {
         p: next((o for o, ts in rs if ts >= t0 + 60_000), _end(rs)) for p, rs in records.items()
     }
@@ -83,7 +61,7 @@ def test_start_at_explicit_offsets_and_every_partition_must_be_given(services):
     topic = f"from_offsets_{uuid.uuid4().hex[:8]}"
     create_topic(topic, 2)
     sample_data.produce_page_views(kafka_config(), topic, 200, seed=6)
-    ends = {p: _end(rs) for p, rs in _records(topic).items()}
+    ends = {p: _end(rs) for p, rs in records_by_partition(topic).items()}
     assert min(ends.values()) > 10
     missing = new_pipeline("from_offsets", partitions=0, topics=[topic], start={"offsets": {topic: {0: 3}}})
     with pytest.raises(PlanError, match=rf"{topic}\[1\]: the start offsets give no offset for this partition"):

@@ -12,13 +12,14 @@ from kafka_batch import sample_data
 from kafka_batch.kafka_source import DataLossError, read_range
 from kafka_batch.planner import OffsetRange
 from tests.integration.helpers import (
+    batches_of,
     delete_records,
     ground_truth,
     kafka_config,
     merged,
     new_pipeline,
-    pg_connect,
     positions,
+    query,
     run_cli,
     table_contents,
     update_pipeline,
@@ -28,25 +29,15 @@ pytestmark = pytest.mark.integration
 
 
 def _data_loss(pipeline_name: str) -> list[tuple]:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT d.topic, d.partition, d.lost_from, d.lost_until, b.run_id FROM kafka_batch.data_loss d"
-            " JOIN kafka_batch.batches b ON b.id = d.batch_id WHERE d.pipeline = %s ORDER BY d.lost_from",
-            (pipeline_name,),
-        )
-        rows = cur.fetchall()
-    conn.close()
-    return rows
+    return query(
+        "SELECT d.topic, d.partition, d.lost_from, d.lost_until, b.run_id FROM kafka_batch.data_loss d"
+        " JOIN kafka_batch.batches b ON b.id = d.batch_id WHERE d.pipeline = %s ORDER BY d.lost_from",
+        pipeline_name,
+    )
 
 
 def _batch_status(pipeline_name: str, run_id: str) -> str:
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute("SELECT status FROM kafka_batch.batches WHERE pipeline = %s AND run_id = %s", (pipeline_name, run_id))
-        (status,) = cur.fetchone()
-    conn.close()
-    return status
+    return {run: status for _, _, status, run, _, _ in batches_of(pipeline_name)}[run_id]
 
 
 def _produce(topic: str, count: int, seed: int) -> None:
@@ -101,8 +92,4 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     assert f"{topic}[0]: data loss: stored position 300 is below the earliest available offset 320" in refused.stderr
     assert positions(pipeline.name) == {(topic, 0): 300}
     assert table_contents(pipeline.table) == merged(first, second, third)
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        cur.execute("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s AND run_id = 'r4'", (pipeline.name,))
-        assert cur.fetchone()[0] == 0
-    conn.close()
+    assert "r4" not in {run for _, _, _, run, _, _ in batches_of(pipeline.name)}

@@ -16,24 +16,6 @@ pytestmark = pytest.mark.integration
 PIPELINE = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
 
 
-@pytest.fixture(scope="module")
-def spark():
-    import os
-
-    from pyspark.sql import SparkSession
-
-    from kafka_batch.submit import spark_environment
-
-    for key, value in spark_environment().items():
-        os.environ.setdefault(key, value)
-    session = (
-        SparkSession.builder.master("local[2]").appName("kafka_batch_tests")
-        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate()
-    )
-    yield session
-    session.stop()
-
-
 def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
     timestamp = datetime.fromisoformat(ts).replace(tzinfo=UTC)
     body = None if value is None else (value if isinstance(value, bytes) else json.dumps(value).encode())

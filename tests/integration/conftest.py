@@ -1,0 +1,23 @@
+"""Fixtures shared by the integration tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    import os
+
+    from pyspark.sql import SparkSession
+
+    from kafka_batch.submit import spark_environment
+
+    for key, value in spark_environment().items():
+        os.environ.setdefault(key, value)
+    session = (
+        SparkSession.builder.master("local[2]").appName("kafka_batch_tests")
+        .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false").getOrCreate()
+    )
+    yield session
+    session.stop()

@@ -1,0 +1,64 @@
+"""Fencing zombies (the KIP-618 idea): an attempt whose token is no longer current stops and never commits."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from kafka_batch import connections, offset_store
+from kafka_batch.committer import FencedAttempt
+from kafka_batch.job import run_batch
+from kafka_batch.planner import OffsetRange
+from tests.integration.helpers import batches_of, create_topic, kafka_config, new_pipeline, positions, store_connection
+from tests.integration.test_commit import _plan
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_zombie_attempt_stops_early_when_a_newer_attempt_starts(services, spark):
+    topic = f"zombie_{uuid.uuid4().hex[:8]}"
+    create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for n in range(5):
+        producer.produce(topic, value=b'{"user_id": "u", "page": "/", "duration_ms": %d}' % n, partition=0)
+    producer.commit_transaction()  # offsets 0-4, marker at 5
+    producer.begin_transaction()
+    producer.produce(topic, value=b'{"user_id": "u", "page": "/", "duration_ms": 9}', partition=0)
+    producer.flush(30)  # offset 6, left open: a read up to 8 cannot finish before the stall timeout
+
+    pipeline = new_pipeline("zombie", partitions=0, topics=[topic],
+                            read={"stall_timeout_seconds": 90, "fence_check_seconds": 1})
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 8)])
+    postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
+    outcome: dict = {}
+
+    def zombie():
+        started = time.monotonic()
+        try:
+            run_batch(spark, pipeline, postgres, kafka_config(), batch.id)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=zombie)
+    thread.start()
+    while offset_store.current_attempt(conn, batch.id) != 1:
+        time.sleep(0.2)
+    time.sleep(3)  # the first attempt is reading
+    assert offset_store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
+    thread.join(timeout=120)
+    producer.abort_transaction()
+
+    assert isinstance(outcome["error"], FencedAttempt), outcome
+    assert "attempt 1 stopped early, attempt 2 started since" in str(outcome["error"])
+    assert outcome["seconds"] < 60  # well before the 90 s stall timeout
+    assert [b[2] for b in batches_of(pipeline.name)] == ["planned"]  # the newer attempt still owns it
+    assert positions(pipeline.name) == {(topic, 0): 0}
+    conn.close()
