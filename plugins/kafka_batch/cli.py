@@ -14,7 +14,7 @@ import sys
 from datetime import UTC, datetime
 
 from kafka_batch import batches, connections, offset_store, operations, submit
-from kafka_batch.config import load_pipeline, parse_time_ms
+from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.operations import OffsetRequest
 
@@ -92,12 +92,11 @@ def cmd_run(args) -> int:
 def _offset_request(args, *, target: bool = False) -> OffsetRequest:
     partitions = tuple(int(p) for p in args.partitions.split(",")) if args.partitions else ()
     if target:
-        time_ms = None if args.to_time is None else parse_time_ms(args.to_time, "--to-time")
-        return OffsetRequest(args.topic, partitions, from_offset=args.to_offset, from_time_ms=time_ms)
+        return OffsetRequest(args.topic, partitions, from_offset=args.to_offset,
+                             from_time_ms=optional_time_ms(args.to_time, "--to-time"))
     return OffsetRequest(
         args.topic, partitions, args.from_offset, args.until_offset,
-        None if args.from_time is None else parse_time_ms(args.from_time, "--from-time"),
-        None if args.until_time is None else parse_time_ms(args.until_time, "--until-time"),
+        optional_time_ms(args.from_time, "--from-time"), optional_time_ms(args.until_time, "--until-time"),
     )
 
 

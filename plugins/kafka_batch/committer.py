@@ -63,17 +63,32 @@ def _move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> No
     )
 
 
-def _ident(names: list[str]) -> sql.Composable:
-    return sql.SQL(", ").join(map(sql.Identifier, names))
+def _ident(names: list[str], side: str | None = None) -> sql.Composable:
+    """`a, b` or, with a side (a table alias), `side.a, side.b`."""
+    if side is None:
+        return sql.SQL(", ").join(map(sql.Identifier, names))
+    return sql.SQL(", ").join(sql.Identifier(side, n) for n in names)
+
+
+def _sums(measures: list[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
+
+
+def _same_keys(keys: list[str], left: str, right: str) -> sql.Composable:
+    return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(left, k), sql.Identifier(right, k)) for k in keys)
+
+
+def _contributions(pipeline: Pipeline) -> sql.Composable:
+    schema, by_range = pipeline.contributions_table.split(".")
+    return sql.Identifier(schema, by_range)
 
 
 def _stage(cur, pipeline: Pipeline, contributions: pa.Table) -> list[str]:
     """COPY rows of (range_id, keys..., measures...) into a temporary table dropped at commit."""
     columns = ["range_id"] + [c.name for c in pipeline.group_by + pipeline.measures]
-    schema, by_range = pipeline.contributions_table.split(".")
     cur.execute(
-        sql.SQL("CREATE TEMP TABLE kafka_batch_stage ON COMMIT DROP AS SELECT * FROM {}.{} WITH NO DATA").format(
-            sql.Identifier(schema), sql.Identifier(by_range)
+        sql.SQL("CREATE TEMP TABLE kafka_batch_stage ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA").format(
+            _contributions(pipeline)
         )
     )
     buffer = io.BytesIO()
@@ -93,10 +108,9 @@ def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> in
     columns = _stage(cur, pipeline, contributions)
     keys = [c.name for c in pipeline.group_by]
     measures = [c.name for c in pipeline.measures]
-    schema, by_range = pipeline.contributions_table.split(".")
     cur.execute(
-        sql.SQL("INSERT INTO {}.{} ({cols}) SELECT {cols} FROM kafka_batch_stage").format(
-            sql.Identifier(schema), sql.Identifier(by_range), cols=_ident(columns)
+        sql.SQL("INSERT INTO {} ({cols}) SELECT {cols} FROM kafka_batch_stage").format(
+            _contributions(pipeline), cols=_ident(columns)
         )
     )
     cur.execute(
@@ -107,7 +121,7 @@ def _merge_contributions(cur, pipeline: Pipeline, contributions: pa.Table) -> in
             table=sql.Identifier(pipeline.table),
             keys=_ident(keys),
             measures=_ident(measures),
-            sums=sql.SQL(", ").join(sql.SQL("sum({})").format(sql.Identifier(m)) for m in measures),
+            sums=_sums(measures),
             updates=sql.SQL(", ").join(
                 sql.SQL("{m} = {table}.{m} + EXCLUDED.{m}").format(m=sql.Identifier(m), table=sql.Identifier(pipeline.table))
                 for m in measures
@@ -123,20 +137,12 @@ def remove_contributions(cur, pipeline: Pipeline, range_ids: list[int]) -> int:
         return 0
     keys = [c.name for c in pipeline.group_by]
     measures = [c.name for c in pipeline.measures]
-    schema, by_range = pipeline.contributions_table.split(".")
-    ident = _ident
-    table, contributions = sql.Identifier(pipeline.table), sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(by_range))
-    same_keys = lambda left, right: sql.SQL(" AND ").join(  # noqa: E731
-        sql.SQL("{}.{k} = {}.{k}").format(sql.Identifier(left), sql.Identifier(right), k=sql.Identifier(k)) for k in keys
-    )
+    table, contributions = sql.Identifier(pipeline.table), _contributions(pipeline)
     cur.execute(
         sql.SQL(
             "CREATE TEMP TABLE kafka_batch_removed ON COMMIT DROP AS SELECT {keys}, {sums} FROM {contributions}"
             " WHERE range_id = ANY(%s) GROUP BY {keys}"
-        ).format(
-            keys=ident(keys), contributions=contributions,
-            sums=sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures),
-        ),
+        ).format(keys=_ident(keys), contributions=contributions, sums=_sums(measures)),
         (range_ids,),
     )
     cur.execute(sql.SQL("DELETE FROM {} WHERE range_id = ANY(%s)").format(contributions), (range_ids,))
@@ -145,17 +151,27 @@ def remove_contributions(cur, pipeline: Pipeline, range_ids: list[int]) -> int:
         sql.SQL("UPDATE public.{table} t SET {updates} FROM kafka_batch_removed r WHERE {match}").format(
             table=table,
             updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} - r.{m}").format(m=sql.Identifier(m)) for m in measures),
-            match=same_keys("t", "r"),
+            match=_same_keys(keys, "t", "r"),
         )
     )
     cur.execute(
         sql.SQL(
             "DELETE FROM public.{table} t USING kafka_batch_removed r WHERE {match}"
             " AND NOT EXISTS (SELECT 1 FROM {contributions} c WHERE {still})"
-        ).format(table=table, match=same_keys("t", "r"), contributions=contributions, still=same_keys("c", "t"))
+        ).format(table=table, match=_same_keys(keys, "t", "r"), contributions=contributions,
+                 still=_same_keys(keys, "c", "t"))
     )
     cur.execute("DROP TABLE kafka_batch_removed")
     return removed
+
+
+def retire_ranges(cur, pipeline: Pipeline, range_ids: list[int], retired_by: str) -> None:
+    """Committed ranges leave the totals (exactly) and the live ledger; their rows stay, marked why."""
+    remove_contributions(cur, pipeline, range_ids)
+    cur.execute(
+        "UPDATE kafka_batch.batch_ranges SET retired_at = now(), retired_by = %s WHERE id = ANY(%s)",
+        (retired_by, range_ids),
+    )
 
 
 def _retire_replaced(cur, pipeline: Pipeline, batch_id: int) -> None:
@@ -173,12 +189,7 @@ def _retire_replaced(cur, pipeline: Pipeline, batch_id: int) -> None:
                 f"replay batch {batch_id}: range {topic}[{partition}] {from_offset}..{until_offset} was retired by "
                 f"{retired_by} after the replay was planned; nothing was committed, plan the replay again"
             )
-    ids = [row[0] for row in replaced]
-    remove_contributions(cur, pipeline, ids)
-    cur.execute(
-        "UPDATE kafka_batch.batch_ranges SET retired_at = now(), retired_by = %s WHERE id = ANY(%s)",
-        (f"replay batch {batch_id}", ids),
-    )
+    retire_ranges(cur, pipeline, [row[0] for row in replaced], f"replay batch {batch_id}")
 
 
 def _current_attempt(cur, pipeline: Pipeline, batch_id: int, attempt: int):
@@ -205,20 +216,18 @@ def preview_replay(conn, pipeline: Pipeline, batch_id: int, attempt: int, contri
     """
     keys = [c.name for c in pipeline.group_by]
     measures = [c.name for c in pipeline.measures]
-    schema, by_range = pipeline.contributions_table.split(".")
+    as_json = lambda side, names: sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(  # noqa: E731
+        sql.SQL("{}, {}").format(sql.Literal(n), sql.Identifier(side, n)) for n in names
+    ))
+    first_key = sql.Identifier(keys[0])
     with transaction(conn) as cur:
         batch = _current_attempt(cur, pipeline, batch_id, attempt)
         if batch.kind != "replay" or batch.status == "committed":
             raise BatchError(f"batch {batch_id} is a {batch.status} {batch.kind}; only a planned replay can be previewed")
         _stage(cur, pipeline, contributions)
-        sums = sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
-        as_json = lambda side, names: sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(  # noqa: E731
-            sql.SQL("{}, {}.{}").format(sql.Literal(n), sql.Identifier(side), sql.Identifier(n)) for n in names
-        ))
-        first_key = sql.Identifier(keys[0])
         cur.execute(
             sql.SQL(
-                "WITH old AS (SELECT {keys}, {sums} FROM {schema}.{by_range} WHERE range_id IN"
+                "WITH old AS (SELECT {keys}, {sums} FROM {contributions} WHERE range_id IN"
                 "  (SELECT replaces_range_id FROM kafka_batch.batch_ranges WHERE batch_id = %(batch)s) GROUP BY {keys}),"
                 " new AS (SELECT {keys}, {sums} FROM kafka_batch_stage GROUP BY {keys})"
                 " INSERT INTO kafka_batch.replay_previews (batch_id, group_key, before, after)"
@@ -228,12 +237,10 @@ def preview_replay(conn, pipeline: Pipeline, batch_id: int, attempt: int, contri
                 " FROM old FULL OUTER JOIN new ON {match}"
                 " WHERE old.{first} IS NULL OR new.{first} IS NULL OR ({old_cols}) IS DISTINCT FROM ({new_cols})"
             ).format(
-                keys=_ident(keys), sums=sums, schema=sql.Identifier(schema), by_range=sql.Identifier(by_range),
+                keys=_ident(keys), sums=_sums(measures), contributions=_contributions(pipeline),
                 first=first_key, new_key=as_json("new", keys), old_key=as_json("old", keys),
                 old_measures=as_json("old", measures), new_measures=as_json("new", measures),
-                match=sql.SQL(" AND ").join(sql.SQL("old.{k} = new.{k}").format(k=sql.Identifier(k)) for k in keys),
-                old_cols=sql.SQL(", ").join(sql.SQL("old.{}").format(sql.Identifier(m)) for m in measures),
-                new_cols=sql.SQL(", ").join(sql.SQL("new.{}").format(sql.Identifier(m)) for m in measures),
+                match=_same_keys(keys, "old", "new"), old_cols=_ident(measures, "old"), new_cols=_ident(measures, "new"),
             ),
             {"batch": batch_id},
         )

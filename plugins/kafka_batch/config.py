@@ -192,6 +192,11 @@ def parse_time_ms(value: Any, what: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def optional_time_ms(value: Any, what: str) -> int | None:
+    """Like parse_time_ms, for an optional argument: None stays None."""
+    return None if value is None else parse_time_ms(value, what)
+
+
 def _start(where: str, raw: Any) -> StartPolicy:
     if raw in ("earliest", "latest"):
         return StartPolicy(raw)

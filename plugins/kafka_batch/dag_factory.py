@@ -133,12 +133,11 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         def plan(params: dict, run_id: str) -> dict:
             """Widen and validate the request, then persist the replay (unless dry run)."""
             from kafka_batch import operations
-            from kafka_batch.config import parse_time_ms
+            from kafka_batch.config import optional_time_ms
 
             request = operations.OffsetRequest(
                 params["topic"], tuple(params["partitions"] or ()), params["from_offset"], params["until_offset"],
-                None if params["from_time"] is None else parse_time_ms(params["from_time"], "from_time"),
-                None if params["until_time"] is None else parse_time_ms(params["until_time"], "until_time"),
+                optional_time_ms(params["from_time"], "from_time"), optional_time_ms(params["until_time"], "until_time"),
             )
             conn, kafka = _services(pipeline)
             try:

@@ -65,16 +65,17 @@ def _bounds(kafka: KafkaOffsets, request: OffsetRequest, partitions: list[int]) 
     return {p: (starts[p], ends[p]) for p in partitions}
 
 
+def _overlapping(cur, pipeline: Pipeline, topic: str, partition: int, lo: int, hi: int) -> list[OffsetRange]:
+    """The live committed ranges of a partition that share an offset with [lo, hi)."""
+    return [r for r in offset_store.live_ranges(cur, pipeline.name, topic, partition)
+            if r.from_offset < hi and r.until_offset > lo]
+
+
 def ranges_to_replay(cur, kafka: KafkaOffsets, pipeline: Pipeline, request: OffsetRequest) -> list[OffsetRange]:
     """The committed ranges the request overlaps (the request widened to them), checked readable."""
     partitions = _read_partitions(cur, pipeline, request)
     bounds = _bounds(kafka, request, partitions)
-    replayed = []
-    for p in partitions:
-        lo, hi = bounds[p]
-        overlapping = [r for r in offset_store.live_ranges(cur, pipeline.name, request.topic, p)
-                       if r.from_offset < hi and r.until_offset > lo]
-        replayed.extend(overlapping)
+    replayed = [r for p in partitions for r in _overlapping(cur, pipeline, request.topic, p, *bounds[p])]
     if not replayed:
         spans = ", ".join(f"[{p}] {lo}..{hi}" for p, (lo, hi) in bounds.items())
         raise OperationError(f"no committed range of {request.topic} overlaps {spans}; nothing to replay")
@@ -122,11 +123,7 @@ def plan_for_interval(
         if behind:
             return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, batches.next_ranges(behind, pipeline))
         starts = kafka.offsets_at_time(tps, start_ms)
-        replayed = [
-            r for topic, partition in tps
-            for r in offset_store.live_ranges(cur, pipeline.name, topic, partition)
-            if r.from_offset < ends[(topic, partition)] and r.until_offset > starts[(topic, partition)]
-        ]
+        replayed = [r for tp in tps for r in _overlapping(cur, pipeline, *tp, starts[tp], ends[tp])]
         if not replayed:
             return offset_store.insert_batch(cur, pipeline.name, run_id, dag_id, [])
         return offset_store.insert_replay(cur, pipeline.name, run_id, dag_id, replayed, f"airflow:{run_id}",
@@ -242,10 +239,7 @@ def _apply_reset(cur, pipeline: Pipeline, reset: Reset, requested_by: str, reaso
          len(reset.retired), requested_by, reason),
     )
     reset_id = cur.fetchone()[0]
-    ids = [r.range_id for r in reset.retired]
-    committer.remove_contributions(cur, pipeline, ids)
-    cur.execute("UPDATE kafka_batch.batch_ranges SET retired_at = now(), retired_by = %s WHERE id = ANY(%s)",
-                (f"reset {reset_id}", ids))
+    committer.retire_ranges(cur, pipeline, [r.range_id for r in reset.retired], f"reset {reset_id}")
     cur.execute(
         "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = NULL"
         " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",

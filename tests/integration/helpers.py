@@ -12,12 +12,13 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_batch import connections
@@ -36,8 +37,13 @@ def pg_connect():
     return conn
 
 
+def admin_client() -> AdminClient:
+    """A plain admin client for the tests' own checks and setup (not the project's KafkaOffsets)."""
+    return AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+
+
 def create_topic(topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    admin = admin_client()
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result()
 
@@ -61,39 +67,51 @@ def new_pipeline(prefix: str, partitions: int = 3, **overrides):
     return load_pipeline(name)
 
 
-def ground_truth(topic: str, select=None, duration_factor: int = 1) -> dict[tuple[str, datetime], tuple[int, int]]:
-    """(page, minute) -> (views, total duration) over every committed record of the topic.
-
-    `select(partition, offset)` keeps a subset of the records; `duration_factor` is the aggregation
-    changed by a test (duration_ms * factor).
-    """
+def _committed_messages(topic: str, partitions: list[int]) -> Iterator[Message]:
+    """Every committed record of the partitions (tombstones too), from the beginning to the end."""
     config = kafka_config()
     consumer = Consumer({
         "bootstrap.servers": config["bootstrap.servers"], "group.id": f"truth-{uuid.uuid4().hex}",
         "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
         "receive.message.max.bytes": config.get("receive.message.max.bytes", 100_000_000),
     })
-    partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < len(partitions):
+            for message in consumer.consume(10_000, timeout=5):
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        at_end.add(message.partition())
+                        continue
+                    raise RuntimeError(message.error())
+                at_end.discard(message.partition())
+                yield message
+    finally:
+        consumer.close()
+
+
+def _partitions(topic: str) -> list[int]:
+    admin = admin_client()
+    return sorted(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+
+
+def ground_truth(topic: str, select=None, duration_factor: int = 1) -> dict[tuple[str, datetime], tuple[int, int]]:
+    """(page, minute) -> (views, total duration) over every committed record of the topic.
+
+    `select(partition, offset)` keeps a subset of the records; `duration_factor` is the aggregation
+    changed by a test (duration_ms * factor).
+    """
     views: Counter = Counter()
     durations: Counter = Counter()
-    at_end: set[int] = set()
-    while len(at_end) < len(partitions):
-        for message in consumer.consume(10_000, timeout=5):
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    at_end.add(message.partition())
-                    continue
-                raise RuntimeError(message.error())
-            at_end.discard(message.partition())
-            if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
-                continue
-            record = json.loads(message.value())
-            _, ts = message.timestamp()
-            minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=UTC)
-            views[(record["page"], minute)] += 1
-            durations[(record["page"], minute)] += record["duration_ms"] * duration_factor
-    consumer.close()
+    for message in _committed_messages(topic, _partitions(topic)):
+        if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
+            continue
+        record = json.loads(message.value())
+        _, ts = message.timestamp()
+        minute = datetime.fromtimestamp(ts // 60_000 * 60, tz=UTC)
+        views[(record["page"], minute)] += 1
+        durations[(record["page"], minute)] += record["duration_ms"] * duration_factor
     return {key: (views[key], durations[key]) for key in views}
 
 
@@ -158,7 +176,7 @@ def update_pipeline(name: str, **changes):
 
 def delete_records(topic: str, partition: int, before: int) -> None:
     """What retention does: the log now starts at `before`."""
-    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    admin = admin_client()
     for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
         future.result()
 
@@ -185,21 +203,8 @@ def count_rows(statement: str, *params) -> int:
 
 def records_by_partition(topic: str) -> dict[int, list[tuple[int, int]]]:
     """partition -> [(offset, timestamp ms)] of every committed record, read with a plain consumer."""
-    consumer = Consumer({
-        "bootstrap.servers": kafka_config()["bootstrap.servers"], "group.id": f"check-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
-    })
-    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    partitions = _partitions(topic)
     found: dict[int, list[tuple[int, int]]] = {p: [] for p in partitions}
-    done: set[int] = set()
-    while len(done) < len(partitions):
-        for m in consumer.consume(1000, timeout=5):
-            if m.error() and m.error().code() == KafkaError._PARTITION_EOF:
-                done.add(m.partition())
-            elif m.error():
-                raise RuntimeError(m.error())
-            else:
-                found[m.partition()].append((m.offset(), m.timestamp()[1]))
-    consumer.close()
+    for message in _committed_messages(topic, partitions):
+        found[message.partition()].append((message.offset(), message.timestamp()[1]))
     return found

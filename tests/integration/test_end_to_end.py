@@ -19,6 +19,7 @@ from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.planner import OffsetRange, split_for_tasks
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
+    admin_client,
     batches_of,
     ground_truth,
     kafka_config,
@@ -187,7 +188,7 @@ def test_transactions_splits_and_limits_give_the_ground_truth(services):
 
 
 def test_partition_added_between_runs_is_read_from_its_start(services):
-    from confluent_kafka.admin import AdminClient, NewPartitions
+    from confluent_kafka.admin import NewPartitions
 
     pipeline = new_pipeline("grow", partitions=1, start="latest")
     topic = pipeline.topics[0]
@@ -202,7 +203,7 @@ def test_partition_added_between_runs_is_read_from_its_start(services):
     run_cli("run", "--pipeline", pipeline.name)  # reads the one record written since
     assert positions(pipeline.name) == {(topic, 0): 101}
 
-    admin = AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    admin = admin_client()
     for future in admin.create_partitions([NewPartitions(topic, 2)]).values():
         future.result()
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})  # metadata with 2 partitions
