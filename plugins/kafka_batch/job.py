@@ -79,12 +79,15 @@ class _FenceWatch:
         conn = offset_store.connect(postgres)
         try:
             while not self._stop.wait(interval):
-                current = offset_store.current_attempt(conn, batch_id)
-                if current != attempt:
+                if self.fenced_by is None:
+                    current = offset_store.current_attempt(conn, batch_id)
+                    if current == attempt:
+                        continue
                     self.fenced_by = current
                     log.warning("batch %s: attempt %s started; cancelling attempt %s", batch_id, current, attempt)
-                    spark.sparkContext.cancelAllJobs()
-                    return
+                # Again at every tick: cancelling only reaches jobs already submitted, and Spark may
+                # still be planning the job when the newer attempt is first seen.
+                spark.sparkContext.cancelAllJobs()
         finally:
             conn.close()
 
