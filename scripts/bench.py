@@ -18,10 +18,11 @@ from pathlib import Path
 
 import yaml
 
-from kafka_batch import batches, connections, offset_store, sample_data
+from kafka_batch import batches, connections, offset_store
 from kafka_batch.cli import submit_batch
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.kafka_source import KafkaOffsets, read_range
+from kafka_batch_dev import sample_data
 
 
 def main() -> int:

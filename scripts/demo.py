@@ -13,8 +13,9 @@ import time
 
 import psycopg2
 
-from kafka_batch import connections, sample_data
+from kafka_batch import connections
 from kafka_batch.config import load_pipeline
+from kafka_batch_dev import sample_data
 
 PIPELINE = "page_views"
 FIRST, SECOND = 20_000, 5_000

@@ -48,7 +48,7 @@ def _external_env(base: Path) -> dict[str, str] | None:
 @pytest.fixture(scope="session")
 def services():
     """Environment of running services; embedded ones are started here and stopped at the end."""
-    from kafka_batch import local_stack
+    from kafka_batch_dev import local_stack
 
     base = Path(tempfile.mkdtemp(prefix="kafka_batch_test_"))
     base.chmod(0o755)

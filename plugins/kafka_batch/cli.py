@@ -154,7 +154,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_local(args) -> int:
-    from kafka_batch import local_stack
+    from kafka_batch_dev import local_stack
 
     return local_stack.main([args.action])
 

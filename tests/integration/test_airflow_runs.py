@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kafka_batch import sample_data
+from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     ROOT,
     batches_of,

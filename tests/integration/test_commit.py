@@ -100,7 +100,7 @@ def test_stale_attempt_cannot_commit(services):
 
 
 def test_a_retried_run_gets_the_same_plan(services):
-    from kafka_batch import sample_data
+    from kafka_batch_dev import sample_data
 
     pipeline = new_pipeline("retry")
     sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 400, seed=3)

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy
 from confluent_kafka import Producer
 
-from kafka_batch import sample_data
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.planner import OffsetRange, split_for_tasks
+from kafka_batch_dev import sample_data
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
     admin_client,

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from kafka_batch import sample_data
+from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     below,
     count_rows,

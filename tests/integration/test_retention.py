@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch import sample_data
 from kafka_batch.kafka_source import DataLossError, read_range
 from kafka_batch.planner import OffsetRange
+from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     batches_of,
     delete_records,

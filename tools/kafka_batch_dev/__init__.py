@@ -1,0 +1,1 @@
+"""Developer tooling (embedded services, sample data): never shipped to Spark executors."""
