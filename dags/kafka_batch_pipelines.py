@@ -4,8 +4,8 @@ replay dag `kafka_batch__<name>__replay`.
 Parsing reads only those YAML files: no database, Kafka or Variable access at import time.
 """
 
+from kafka_batch.airflow.dag_factory import build_dag, build_replay_dag
 from kafka_batch.config import load_pipelines
-from kafka_batch.dag_factory import build_dag, build_replay_dag
 
 for _pipeline in load_pipelines().values():
     globals()[_pipeline.dag_id] = build_dag(_pipeline)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from kafka_batch import batches, connections, offset_store
+from kafka_batch import connections
 from kafka_batch.cli import submit_batch
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
+from kafka_batch.core import planning, store
 from kafka_batch.kafka_source import KafkaOffsets, read_range
 from kafka_batch_dev import sample_data
 
@@ -34,7 +35,7 @@ def main() -> int:
     name = f"bench_{uuid.uuid4().hex[:8]}"
     definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
     definition.update(name=name, topics=[f"{name}_topic"], schedule=None)
-    definition["aggregation"]["table"] = f"{name}_minutes"
+    definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
     pipelines = Path(tempfile.mkdtemp(prefix="kafka_batch_bench_"))
     (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
     os.environ["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
@@ -50,8 +51,8 @@ def main() -> int:
     print(f"produced {args.records} records to {topic} ({args.partitions} partitions) in {produce_s:.1f}s "
           f"= {args.records / produce_s:,.0f} records/s")
 
-    conn = offset_store.connect(postgres)
-    batch = batches.plan_batch(conn, KafkaOffsets(kafka), pipeline, run_id="bench")
+    conn = store.connect(postgres)
+    batch = planning.plan_batch(conn, KafkaOffsets(kafka), pipeline, run_id="bench")
     print(f"planned batch {batch.id}: {len(batch.ranges)} ranges, {batch.span} offsets")
 
     started = time.monotonic()
@@ -67,11 +68,12 @@ def main() -> int:
     started = time.monotonic()
     submit_batch(pipeline, batch.id)
     spark_s = time.monotonic() - started
-    committed = offset_store.load_batch(conn, batch.id)
+    committed = store.load_batch(conn, batch.id)
     print(f"spark job (spark-submit local[*], read + aggregate + commit, wall clock incl. JVM start): "
           f"{committed.records_read} records in {spark_s:.1f}s = {committed.records_read / spark_s:,.0f} records/s")
     with conn, conn.cursor() as cur:
-        cur.execute(f"DROP TABLE IF EXISTS public.{pipeline.table}, {pipeline.contributions_table}")
+        [aggregate] = pipeline.sinks
+        cur.execute(f"DROP TABLE IF EXISTS public.{aggregate.table}, kafka_batch.{aggregate.contributions_name}")
     conn.close()
     return 0
 

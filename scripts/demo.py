@@ -63,12 +63,12 @@ def main() -> int:
     conn = psycopg2.connect(**postgres)
     conn.autocommit = True
     with conn.cursor() as cur:
-        before = show(cur, pipeline.name, pipeline.table)
+        before = show(cur, pipeline.name, pipeline.sinks[0].table)
         for step, count in ((1, FIRST), (2, SECOND)):
             print(f"\n== step {step}: produce {count} page views to {topic!r}")
             sample_data.produce_page_views(kafka, topic, count, seed=int(time.time()))
             run_dag(pipeline.dag_id, os.path.join(log_dir, f"run-{step}.log"))
-            after = show(cur, pipeline.name, pipeline.table)
+            after = show(cur, pipeline.name, pipeline.sinks[0].table)
             added = after - before
             verdict = "exactly the new records" if added == count else "MISMATCH"
             print(f"  added {added} views for {count} produced records: {verdict}")

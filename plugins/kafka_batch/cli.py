@@ -13,38 +13,29 @@ import os
 import sys
 from datetime import UTC, datetime
 
-from kafka_batch import batches, connections, offset_store, operations, submit
+from tabulate import tabulate
+
+from kafka_batch import connections
 from kafka_batch.config import load_pipeline, optional_time_ms
+from kafka_batch.core import planning, report, resets, store
+from kafka_batch.core.planning import OffsetRequest
+from kafka_batch.errors import KafkaBatchError, one_line
 from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.operations import OffsetRequest
+from kafka_batch.spark import submit
 
 
 def _services(pipeline):
     postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
     kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)))
-    return offset_store.connect(postgres), kafka
+    return store.connect(postgres), kafka
 
 
 def submit_batch(pipeline, batch_id: int, mode: str = "commit") -> None:
-    """spark-submit the batch through the same hook the DAG's operator uses."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    env = {
-        **submit.spark_environment(),
-        **submit.connection_environment(
-            connections.from_environment(pipeline.connections.postgres),
-            connections.from_environment(pipeline.connections.kafka),
-        ),
-    }
-    hook = SparkSubmitHook(
-        conn_id=pipeline.connections.spark,
-        conf=dict(submit.SPARK_CONF),
-        py_files=str(submit.package_zip()),
-        name=f"kafka_batch_{pipeline.name}",
-        application_args=submit.application_args(pipeline, batch_id, mode=mode),
-        env_vars=env,
-    )
-    hook.submit(str(submit.APPLICATION))
+    """spark-submit the batch through the same call the DAG's operator makes."""
+    postgres = connections.from_environment(pipeline.connections.postgres)
+    conns = (postgres, connections.from_environment(pipeline.connections.kafka))
+    with submit.spark_submit_hook(pipeline, batch_id, conns, mode=mode) as hook:
+        submit.run(hook, batch_id, connections.postgres_params(postgres))
 
 
 def cmd_plan(args) -> int:
@@ -52,13 +43,13 @@ def cmd_plan(args) -> int:
     conn, kafka = _services(pipeline)
     try:
         if args.dry_run:
-            plan = batches.dry_run(conn, kafka, pipeline)
+            plan = planning.dry_run(conn, kafka, pipeline)
             print(f"dry run: {len(plan['ranges'])} ranges, {plan['offsets_planned']} offsets, lag {plan['lag']}"
                   " (nothing persisted)")
             for r in plan["ranges"]:
                 print(f"  {r['topic']}[{r['partition']}] {r['from_offset']}..{r['until_offset']}")
             return 0
-        batch = batches.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
         print(json.dumps(batch.summary(), indent=2))
     finally:
         conn.close()
@@ -71,16 +62,16 @@ def _cli_run_id() -> str:
 
 def _execute(conn, kafka, pipeline, batch, mode: str = "commit") -> dict:
     """spark-submit a batch that still has to run (a committed one is left alone), then report it."""
-    if batch.status in ("planned", "failed"):
+    if batch.runnable:
         submit_batch(pipeline, batch.id, mode)
-    return batches.report(conn, kafka, pipeline, batch.id)
+    return report.report(conn, kafka, pipeline, batch.id)
 
 
 def cmd_run(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
-        batch = batches.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
         print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
         summary = _execute(conn, kafka, pipeline, batch)
     finally:
@@ -105,7 +96,7 @@ def cmd_replay(args) -> int:
     request = _offset_request(args)
     conn, kafka = _services(pipeline)
     try:
-        batch = operations.plan_replay(
+        batch = planning.plan_replay(
             conn, kafka, pipeline, request, run_id=args.run_id or "replay__" + _cli_run_id(), requested_by=args.by,
             reason=args.reason,
         )
@@ -120,7 +111,7 @@ def cmd_replay(args) -> int:
         print(f"replay {summary['batch_id']} previewed, nothing committed; {len(summary['preview'])} group key(s)"
               " would change (before -> after):")
         for row in summary["preview"]:
-            print(f"  {json.dumps(row['group_key'])}: {json.dumps(row['before'])} -> {json.dumps(row['after'])}")
+            print(f"  {row['table']} {json.dumps(row['group_key'])}: {json.dumps(row['before'])} -> {json.dumps(row['after'])}")
         return 0
     print(f"replay batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records recomputed")
     return 0
@@ -131,13 +122,13 @@ def cmd_reset(args) -> int:
     request = _offset_request(args, target=True)
     conn, kafka = _services(pipeline)
     try:
-        resets = operations.reset_positions(
+        moves = resets.reset_positions(
             conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute
         )
     finally:
         conn.close()
-    for reset in resets:
-        print(f"  {reset}")
+    for move in moves:
+        print(f"  {move}")
     print("dry run: nothing changed; add --execute to apply" if not args.execute else "applied and recorded")
     return 0
 
@@ -146,10 +137,14 @@ def cmd_status(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
-        rows = batches.status(conn, kafka, pipeline)
+        rows = report.status(conn, kafka, pipeline)
     finally:
         conn.close()
-    print(batches.format_status(rows))
+    print(tabulate(
+        [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
+         for r in rows],
+        headers=["topic", "partition", "position", "last stable", "lag", "last batch"], intalign="right",
+    ))
     return 0
 
 
@@ -211,19 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except Exception as exc:  # one clear line for operators; tracebacks are for the logs of the job
-        from kafka_batch.config import ConfigError
-        from kafka_batch.connections import ConnectionConfigError
-        from kafka_batch.kafka_source import KafkaSourceError
-        from kafka_batch.offset_store import BatchError
-        from kafka_batch.operations import OperationError
-        from kafka_batch.planner import PlanError
-
-        known = (ConfigError, ConnectionConfigError, KafkaSourceError, BatchError, PlanError, OperationError)
-        if isinstance(exc, known):
-            print(f"kafka-batch: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except KafkaBatchError as exc:  # one clear line for operators; tracebacks are for the job's log
+        print(one_line(exc), file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

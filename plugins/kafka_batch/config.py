@@ -1,13 +1,15 @@
 """Pipeline definitions: a pipeline is data (a YAML file), so a new one needs no new code.
 
-A pipeline names its topics, how to parse a record, how to aggregate it (group keys and additive
-measures as Spark SQL expressions), its target table, its limits and its policies. Everything is
-validated when loaded, so a typo fails with a message naming the file and the field, not halfway
-through a batch.
+A pipeline names its topics, how to parse a record, its sinks (where results go: aggregates,
+rows, ...), its limits and its policies. Everything is validated when loaded, so a typo fails with a
+message naming the file and the field, not halfway through a batch. A batch keeps the canonical
+JSON of the definition it was planned with (`snapshot`), so every attempt computes the same thing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,38 +19,20 @@ from typing import Any
 
 import yaml
 
+from kafka_batch.errors import InputError
+from kafka_batch.sinks import SINKS, Sink
+from kafka_batch.sinks.base import fail as _fail
+from kafka_batch.sinks.base import identifier as _identifier
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-# Spark SQL type for each Postgres column type a pipeline may declare.
-COLUMN_TYPES = {
-    "text": "string",
-    "bigint": "bigint",
-    "integer": "int",
-    "double precision": "double",
-    "boolean": "boolean",
-    "date": "date",
-    "timestamptz": "timestamp",
-}
-MEASURE_TYPES = {"bigint": "bigint", "double precision": "double"}
 FIELD_TYPES = {"string", "long", "int", "double", "boolean", "timestamp"}
 # Columns every record has besides its parsed fields; expressions may use them.
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
 
 
-class ConfigError(ValueError):
-    """A pipeline definition is invalid; the message names the pipeline and the field."""
-
-
 def pipelines_dir() -> Path:
     return Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", PROJECT_ROOT / "pipelines"))
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    expr: str
-    type: str
 
 
 @dataclass(frozen=True)
@@ -87,10 +71,8 @@ class StartPolicy:
 class Pipeline:
     name: str
     topics: tuple[str, ...]
-    table: str
     fields: dict[str, str]
-    group_by: tuple[Column, ...]
-    measures: tuple[Column, ...]
+    sinks: tuple[Sink, ...]
     topic_pattern: str | None = None
     start: StartPolicy = field(default_factory=StartPolicy)
     new_partitions: str = "earliest"
@@ -100,7 +82,9 @@ class Pipeline:
     limits: Limits = field(default_factory=Limits)
     read: ReadSettings = field(default_factory=ReadSettings)
     connections: Connections = field(default_factory=Connections)
-    source: str = "<memory>"
+    source: str = field(default="<memory>", compare=False)
+    # The validated definition as canonical JSON data: what a batch snapshots and hashes.
+    definition: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def dag_id(self) -> str:
@@ -111,19 +95,24 @@ class Pipeline:
         return ", ".join(self.topics) if self.topics else f"topics matching /{self.topic_pattern}/"
 
     @property
-    def contributions_table(self) -> str:
-        """Per-range contributions: what makes removing one range's effect exact."""
-        return f"kafka_batch.{self.table}__by_range"
+    def tables(self) -> tuple[str, ...]:
+        return tuple(t for sink in self.sinks for t in sink.tables)
 
+    def snapshot(self) -> str:
+        """The definition as compact JSON, in its own key order (column order is meaningful)."""
+        return json.dumps(self.definition, separators=(",", ":"))
 
-def _fail(where: str, message: str) -> ConfigError:
-    return ConfigError(f"pipeline {where}: {message}")
+    @property
+    def definition_hash(self) -> str:
+        return hashlib.sha256(self.snapshot().encode()).hexdigest()
 
-
-def _identifier(where: str, what: str, value: Any) -> str:
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
-        raise _fail(where, f"{what} {value!r} must be a lower-case SQL identifier ([a-z_][a-z0-9_]*)")
-    return value
+    def with_limits(self, **overrides: int | None) -> Pipeline:
+        """The pipeline with some limits changed for one run (a triggered run's params)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not given:
+            return self
+        return parse_pipeline({**self.definition, "limits": {**self.definition.get("limits", {}), **given}},
+                              source=self.source)
 
 
 def _positive_ints(where: str, section: str, raw: Any, cls: type) -> Any:
@@ -138,23 +127,6 @@ def _positive_ints(where: str, section: str, raw: Any, cls: type) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise _fail(where, f"{section}.{key} must be a positive number, got {value!r}")
     return cls(**raw)
-
-
-def _columns(where: str, section: str, raw: Any, types: dict[str, str]) -> tuple[Column, ...]:
-    if not isinstance(raw, dict) or not raw:
-        raise _fail(where, f"aggregation.{section} must be a non-empty mapping of column -> {{expr, type}}")
-    columns = []
-    for name, spec in raw.items():
-        _identifier(where, f"aggregation.{section} column", name)
-        if isinstance(spec, str):
-            spec = {"expr": spec}
-        if not isinstance(spec, dict) or not isinstance(spec.get("expr"), str) or not spec["expr"].strip():
-            raise _fail(where, f"aggregation.{section}.{name} needs an 'expr' (a Spark SQL expression)")
-        col_type = spec.get("type", "bigint" if section == "measures" else "text")
-        if col_type not in types:
-            raise _fail(where, f"aggregation.{section}.{name} type {col_type!r} is not one of {sorted(types)}")
-        columns.append(Column(name, spec["expr"], col_type))
-    return tuple(columns)
 
 
 def _topics(where: str, raw: Any) -> tuple[tuple[str, ...], str | None]:
@@ -184,11 +156,11 @@ def parse_time_ms(value: Any, what: str) -> int:
         try:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise ConfigError(f"{what} {value!r} is not an ISO 8601 date-time") from None
+            raise InputError(f"{what} {value!r} is not an ISO 8601 date-time") from None
     else:
-        raise ConfigError(f"{what} must be an ISO 8601 date-time with a time zone, got {value!r}")
+        raise InputError(f"{what} must be an ISO 8601 date-time with a time zone, got {value!r}")
     if moment.tzinfo is None:
-        raise ConfigError(f"{what} {value!r} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
+        raise InputError(f"{what} {value!r} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
     return int(moment.timestamp() * 1000)
 
 
@@ -226,16 +198,19 @@ def _start(where: str, raw: Any) -> StartPolicy:
 
 
 def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
-    """Validate one pipeline definition (already parsed from YAML)."""
+    """Validate one pipeline definition (already parsed from YAML, or a batch's snapshot)."""
     if not isinstance(raw, dict):
         raise _fail(source, "definition must be a mapping")
+    raw = json.loads(json.dumps(raw, default=str))  # canonical data: YAML dates become ISO strings
     name = raw.get("name")
     where = f"{name!r} ({source})" if name else source
     name = _identifier(where, "name", name)
     known = {
         "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "limits", "read", "connections",
-        "record", "aggregation", "description",
+        "record", "sinks", "description",
     }
+    if "aggregation" in raw:
+        raise _fail(where, "'aggregation' moved under 'sinks': write `sinks: {aggregate: {table, group_by, measures}}`")
     unknown = set(raw) - known
     if unknown:
         raise _fail(where, f"unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -266,19 +241,10 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         if ftype not in FIELD_TYPES:
             raise _fail(where, f"record.fields.{fname} type {ftype!r} is not one of {sorted(FIELD_TYPES)}")
 
-    aggregation = raw.get("aggregation")
-    if not isinstance(aggregation, dict):
-        raise _fail(where, "aggregation must be a mapping with table, group_by and measures")
-    table = _identifier(where, "aggregation.table", aggregation.get("table"))
-    group_by = _columns(where, "group_by", aggregation.get("group_by"), COLUMN_TYPES)
-    measures = _columns(where, "measures", aggregation.get("measures"), MEASURE_TYPES)
-    names = [c.name for c in group_by + measures]
-    duplicated = {n for n in names if names.count(n) > 1}
-    if duplicated:
-        raise _fail(where, f"aggregation column(s) {sorted(duplicated)} defined twice")
-    reserved = {"range_id"} & set(names)
-    if reserved:
-        raise _fail(where, f"aggregation column name(s) {sorted(reserved)} are reserved")
+    sinks = _sinks(where, raw.get("sinks"))
+    used = [n for sink in sinks for n in sink.tables]
+    if len(set(used)) != len(used):
+        raise _fail(where, f"two sinks write the same table ({sorted(used)})")
 
     connections = raw.get("connections") or {}
     unknown = set(connections) - set(Connections.__dataclass_fields__)
@@ -299,10 +265,8 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         name=name,
         topics=topics,
         topic_pattern=topic_pattern,
-        table=table,
         fields=dict(fields),
-        group_by=group_by,
-        measures=measures,
+        sinks=sinks,
         start=start,
         new_partitions=new_partitions,
         plan_by=plan_by,
@@ -312,14 +276,29 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         read=_positive_ints(where, "read", raw.get("read"), ReadSettings),
         connections=Connections(**connections),
         source=source,
+        definition=raw,
     )
+
+
+def _sinks(where: str, raw: Any) -> tuple[Sink, ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(where, f"sinks must map one or more of {sorted(SINKS)} to their settings")
+    unknown = set(raw) - set(SINKS)
+    if unknown:
+        raise _fail(where, f"unknown sink(s) {sorted(unknown)}; known: {sorted(SINKS)}")
+    return tuple(SINKS[kind].parse(where, raw[kind]) for kind in sorted(raw))
+
+
+def from_snapshot(definition: dict, source: str) -> Pipeline:
+    """The pipeline a batch was planned with (its stored definition), whatever the YAML says now."""
+    return parse_pipeline(definition, source=source)
 
 
 def load_pipeline_file(path: Path) -> Pipeline:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"pipeline file {path}: not valid YAML: {exc}") from exc
+        raise InputError(f"pipeline file {path}: not valid YAML: {exc}") from exc
     return parse_pipeline(raw, source=str(path))
 
 
@@ -331,13 +310,12 @@ def load_pipelines(directory: Path | None = None) -> dict[str, Pipeline]:
     for path in sorted(directory.glob("*.y*ml")):
         pipeline = load_pipeline_file(path)
         if pipeline.name in pipelines:
-            raise ConfigError(f"pipeline {pipeline.name!r} is defined twice: {pipelines[pipeline.name].source} and {path}")
-        if pipeline.table in tables:
-            raise ConfigError(
-                f"pipelines {tables[pipeline.table]!r} and {pipeline.name!r} both write table {pipeline.table!r}"
-            )
+            raise InputError(f"pipeline {pipeline.name!r} is defined twice: {pipelines[pipeline.name].source} and {path}")
+        for table in pipeline.tables:
+            if table in tables:
+                raise InputError(f"pipelines {tables[table]!r} and {pipeline.name!r} both write table {table!r}")
+            tables[table] = pipeline.name
         pipelines[pipeline.name] = pipeline
-        tables[pipeline.table] = pipeline.name
     return pipelines
 
 
@@ -345,5 +323,5 @@ def load_pipeline(name: str, directory: Path | None = None) -> Pipeline:
     pipelines = load_pipelines(directory)
     if name not in pipelines:
         where = directory or pipelines_dir()
-        raise ConfigError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}")
+        raise InputError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}")
     return pipelines[name]

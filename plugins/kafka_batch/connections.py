@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-
-class ConnectionConfigError(LookupError):
-    """A connection is missing or unusable; the message names the connection id and the variable."""
+from kafka_batch.errors import InputError
 
 
 def env_var(conn_id: str) -> str:
@@ -49,7 +47,7 @@ def parse_connection(conn_id: str, value: str) -> ConnectionFields:
         try:
             body = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ConnectionConfigError(f"connection {conn_id!r} ({env_var(conn_id)}): invalid JSON: {exc.msg}") from None
+            raise InputError(f"connection {conn_id!r} ({env_var(conn_id)}): invalid JSON: {exc.msg}") from None
         extra = body.get("extra") or {}
         if isinstance(extra, str):
             extra = json.loads(extra)
@@ -60,7 +58,7 @@ def parse_connection(conn_id: str, value: str) -> ConnectionFields:
         )
     parts = urlsplit(value)
     if not parts.scheme:
-        raise ConnectionConfigError(f"connection {conn_id!r} ({env_var(conn_id)}): neither JSON nor a URI")
+        raise InputError(f"connection {conn_id!r} ({env_var(conn_id)}): neither JSON nor a URI")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     extra = json.loads(query.pop("__extra__")) if "__extra__" in query else query
     return ConnectionFields(
@@ -79,7 +77,7 @@ def from_environment(conn_id: str, environ: dict[str, str] | None = None) -> Con
     environ = os.environ if environ is None else environ
     value = environ.get(env_var(conn_id))
     if not value:
-        raise ConnectionConfigError(
+        raise InputError(
             f"connection {conn_id!r} is not defined: set {env_var(conn_id)} (Airflow connection URI or JSON)"
         )
     return parse_connection(conn_id, value)
@@ -99,7 +97,7 @@ def from_airflow(conn_id: str) -> ConnectionFields:
 def postgres_params(conn: ConnectionFields) -> dict[str, Any]:
     """psycopg2.connect keyword arguments; extras such as sslmode pass through."""
     if not conn.host:
-        raise ConnectionConfigError(f"postgres connection {conn.conn_id!r} has no host")
+        raise InputError(f"postgres connection {conn.conn_id!r} has no host")
     params: dict[str, Any] = {"host": conn.host, "dbname": conn.schema or "postgres"}
     if conn.port:
         params["port"] = conn.port
@@ -124,7 +122,7 @@ def kafka_config(conn: ConnectionFields) -> dict[str, Any]:
         if conn.host:
             config["bootstrap.servers"] = f"{conn.host}:{conn.port or 9092}"
         else:
-            raise ConnectionConfigError(
+            raise InputError(
                 f"kafka connection {conn.conn_id!r} needs 'bootstrap.servers' in its extra (librdkafka settings)"
             )
     if conn.login and "sasl.username" not in config:

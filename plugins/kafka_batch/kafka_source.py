@@ -17,7 +17,8 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kafka_batch.planner import OffsetRange
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import DataLossError, InputError, SourceError
 
 # Settings the reader relies on; a connection's extra cannot override them.
 _READER_REQUIRED = {
@@ -35,14 +36,6 @@ _READER_DEFAULTS = {
     "queued.min.messages": 200_000,
 }
 _ADMIN_KEYS_IGNORED = {"group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset"}
-
-
-class KafkaSourceError(RuntimeError):
-    """A Kafka condition that stops a batch; the message names topic, partition and offsets."""
-
-
-class DataLossError(KafkaSourceError):
-    """Records the batch needs are no longer in the log (retention or truncation overtook them)."""
 
 
 @dataclass(frozen=True)
@@ -64,18 +57,22 @@ class KafkaOffsets:
 
     def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
         """The partitions of the named topics, or of every topic whose whole name matches `pattern`."""
-        metadata = self._admin.list_topics(timeout=self._timeout)
+        try:
+            metadata = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise SourceError(f"Kafka did not answer a metadata request within {self._timeout:.0f}s: "
+                              f"{exc.args[0].str() if exc.args else exc}") from None
         if pattern is not None:
             topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(pattern, t) and not t.startswith("__")))
             if not topics:
-                raise KafkaSourceError(f"no topic matches the pattern {pattern!r} (known topics: {len(metadata.topics)})")
+                raise InputError(f"no topic matches the pattern {pattern!r} (known topics: {len(metadata.topics)})")
         found = []
         for topic in topics:
             meta = metadata.topics.get(topic)
             if meta is None:
-                raise KafkaSourceError(f"topic {topic!r} does not exist (known topics: {len(metadata.topics)})")
+                raise InputError(f"topic {topic!r} does not exist (known topics: {len(metadata.topics)})")
             if meta.error is not None:
-                raise KafkaSourceError(f"topic {topic!r}: {meta.error}")
+                raise SourceError(f"topic {topic!r}: {meta.error}")
             found.extend((topic, p) for p in sorted(meta.partitions))
         return found
 
@@ -109,7 +106,7 @@ class KafkaOffsets:
             try:
                 result[(tp.topic, tp.partition)] = future.result().offset
             except KafkaException as exc:
-                raise KafkaSourceError(f"listing offsets of {tp.topic}[{tp.partition}] failed: {exc}") from exc
+                raise SourceError(f"listing offsets of {tp.topic}[{tp.partition}] failed: {exc}") from exc
         return result
 
 
@@ -161,7 +158,7 @@ def read_range(
             if messages:
                 last_progress = time.monotonic()
             elif reached < r.until_offset and time.monotonic() - last_progress > stall_timeout:
-                raise KafkaSourceError(
+                raise SourceError(
                     f"{r.topic}[{r.partition}]: no progress for {stall_timeout:.0f}s at offset {reached}, "
                     f"expected to read up to {r.until_offset} (range {r.from_offset}..{r.until_offset}); "
                     "is the broker reachable and the range below the last stable offset?"
@@ -174,4 +171,4 @@ def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:
     where = f"{r.topic}[{r.partition}] range {r.from_offset}..{r.until_offset} at offset {reached}"
     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         raise DataLossError(f"{where}: offset out of range, records were deleted before they were read ({error.str()})")
-    raise KafkaSourceError(f"{where}: {error.str()}")
+    raise SourceError(f"{where}: {error.str()}")

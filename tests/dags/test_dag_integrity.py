@@ -8,7 +8,9 @@ import re
 import pytest
 import yaml
 
+from kafka_batch.airflow.operators import BatchSparkSubmitOperator
 from kafka_batch.config import PROJECT_ROOT, load_pipelines
+from kafka_batch.spark import submit
 
 PIPELINES = load_pipelines(PROJECT_ROOT / "pipelines")
 
@@ -35,8 +37,9 @@ def test_dag_conventions(dagbag, dag_id):
     for task in dag.tasks:
         assert task.retries >= 2, task.task_id
     execute = dag.get_task("execute")
-    assert execute.application.endswith("spark_jobs/run_batch.py")
-    assert execute.env_vars is None  # connections go to the hook at run time, never to a rendered field
+    assert isinstance(execute, BatchSparkSubmitOperator) and execute.pipeline.dag_id in dag_id
+    # Connections go to the hook at run time, never to a rendered field.
+    assert set(execute.template_fields) == {"batch_id", "mode"}
 
 
 def test_params_forms_validate_their_input(dagbag):
@@ -63,19 +66,38 @@ def test_batch_id_reaches_spark_through_the_template(dagbag):
     execute = dag.get_task("execute")
 
     class TaskInstance:
-        try_number = 3
-
         @staticmethod
         def xcom_pull(task_ids):
             return {"plan": {"batch_id": 42}}[task_ids]
 
-    rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance) for arg in execute.application_args]
-    assert rendered == ["--pipeline", "page_views", "--batch-id", "42", "--mode", "commit", "--try-number", "3"]
+    def render(template, **context):
+        return dag.get_template_env().from_string(template).render(ti=TaskInstance, **context)
+
+    assert (render(execute.batch_id), render(execute.mode)) == ("42", "commit")
+    assert submit.application_args(execute.pipeline, 42, 3, "commit") == [
+        "--batch-id", "42", "--postgres-conn", "kafka_batch_postgres", "--mode", "commit", "--try-number", "3"]
     replay = dagbag.dags[f"{PIPELINES['page_views'].dag_id}__replay"].get_task("execute")
     for dry_run, mode in ((True, "preview"), (False, "commit")):
-        rendered = [dag.get_template_env().from_string(arg).render(ti=TaskInstance, params={"dry_run": dry_run})
-                    for arg in replay.application_args]
-        assert rendered[rendered.index("--mode") + 1] == mode
+        assert render(replay.mode, params={"dry_run": dry_run}) == mode
+
+
+def test_parsing_reads_each_pipeline_file_once(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from kafka_batch import config
+
+    base = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+    for n in range(5):
+        raw = {**base, "name": f"p{n}", "topics": [f"t{n}"],
+               "sinks": {"aggregate": {**base["sinks"]["aggregate"], "table": f"t{n}"}}}
+        (tmp_path / f"p{n}.yaml").write_text(yaml.safe_dump(raw))
+    reads: list[str] = []
+    real = config.load_pipeline_file
+    monkeypatch.setattr(config, "load_pipeline_file", lambda path: reads.append(path.name) or real(path))
+    monkeypatch.setenv("KAFKA_BATCH_PIPELINES_DIR", str(tmp_path))
+    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+    assert bag.import_errors == {} and len(bag.dag_ids) == 10
+    assert sorted(reads) == [f"p{n}.yaml" for n in range(5)]
 
 
 def test_compose_defines_every_connection_and_service_the_pipelines_use():
@@ -101,4 +123,19 @@ def test_compose_defines_every_connection_and_service_the_pipelines_use():
     assert spark["host"] == "spark://spark-master" and "spark-master" in services
     assert f"spark://spark-master:{spark['port']}" in services["spark-worker"]["command"]
     assert "PYTHONPATH" not in str(services)  # dependencies are baked into the image
-    assert (PROJECT_ROOT / ".env.example").exists() and not (PROJECT_ROOT / ".env").exists()
+
+
+
+def test_secrets_file_is_never_committed_and_the_example_names_every_variable():
+    """Users copy .env.example to .env (the README says so): git must ignore it, and the example must
+    give every variable the compose file interpolates."""
+    import subprocess
+
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=PROJECT_ROOT)
+    assert ignored.returncode == 0, ".env is not git-ignored"
+    tracked = subprocess.run(["git", "ls-files", ".env"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert tracked.stdout == ""
+    example = {line.split("=", 1)[0] for line in (PROJECT_ROOT / ".env.example").read_text().splitlines()
+               if line and not line.startswith("#")}
+    used = set(re.findall(r"\$\{(\w+)", (PROJECT_ROOT / "docker-compose.yml").read_text()))
+    assert used and used <= example, used - example

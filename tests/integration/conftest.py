@@ -11,7 +11,7 @@ def spark():
 
     from pyspark.sql import SparkSession
 
-    from kafka_batch.submit import spark_environment
+    from kafka_batch.spark.submit import spark_environment
 
     for key, value in spark_environment().items():
         os.environ.setdefault(key, value)

@@ -48,13 +48,20 @@ def create_topic(topic: str, partitions: int) -> None:
         future.result()
 
 
-def new_pipeline(prefix: str, partitions: int = 3, **overrides):
-    """A page-views pipeline on a new topic with its own table; returns the loaded Pipeline."""
+# A rows sink of every page view: what tests compare with the topic record by record.
+ROWS_SINK = {"columns": {"user_id": "user_id", "page": "page", "duration_ms": {"expr": "duration_ms", "type": "bigint"},
+                         "viewed_at": {"expr": "timestamp", "type": "timestamptz"}}}
+
+
+def new_pipeline(prefix: str, partitions: int = 3, rows: bool = False, **overrides):
+    """A page-views pipeline on a new topic with its own table (and a rows sink, with `rows`)."""
     suffix = uuid.uuid4().hex[:8]
     name = f"{prefix}_{suffix}"
     definition = yaml.safe_load((ROOT / "pipelines" / "page_views.yaml").read_text())
     definition.update(name=name, topics=[f"{name}_topic"], schedule=None)
-    definition["aggregation"]["table"] = f"{name}_minutes"
+    definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
+    if rows:
+        definition["sinks"]["rows"] = {**ROWS_SINK, "table": f"{name}_views"}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(definition.get(key), dict):
             definition[key] = {**definition[key], **value}
@@ -124,9 +131,38 @@ def query(statement: str, *params) -> list[tuple]:
     return rows
 
 
-def table_contents(table: str) -> dict[tuple[str, datetime], tuple[int, int]]:
-    rows = query(f"SELECT page, minute, views, total_duration_ms FROM {table}")
+def sink_table(pipeline, kind: str) -> str:
+    return next(sink.table for sink in pipeline.sinks if sink.kind == kind)
+
+
+def aggregate_table(pipeline) -> str:
+    return sink_table(pipeline, "aggregate")
+
+
+def table_contents(pipeline) -> dict[tuple[str, datetime], tuple[int, int]]:
+    """The aggregate sink's totals: (page, minute) -> (views, total duration)."""
+    rows = query(f"SELECT page, minute, views, total_duration_ms FROM {aggregate_table(pipeline)}")
     return {(page, minute): (views, duration) for page, minute, views, duration in rows}
+
+
+def rows_contents(pipeline) -> dict[tuple[str, int, int], tuple]:
+    """The rows sink: (topic, partition, offset) -> (user_id, page, duration_ms, viewed_at)."""
+    rows = query(f"SELECT kafka_topic, kafka_partition, kafka_offset, user_id, page, duration_ms, viewed_at"
+                 f" FROM {sink_table(pipeline, 'rows')}")
+    return {tuple(r[:3]): tuple(r[3:]) for r in rows}
+
+
+def rows_truth(topic: str, select=None) -> dict[tuple[str, int, int], tuple]:
+    """What the rows sink must hold: every committed non-tombstone record, parsed with json here."""
+    truth = {}
+    for message in _committed_messages(topic, _partitions(topic)):
+        if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
+            continue
+        record = json.loads(message.value())
+        viewed_at = datetime.fromtimestamp(message.timestamp()[1] / 1000, tz=UTC)
+        truth[(topic, message.partition(), message.offset())] = (
+            record["user_id"], record["page"], record["duration_ms"], viewed_at)
+    return truth
 
 
 def positions(pipeline_name: str) -> dict[tuple[str, int], int]:
@@ -159,10 +195,10 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def store_connection():
-    """A connection as the project opens it (transactions managed by offset_store)."""
-    from kafka_batch import offset_store
+    """A connection as the project opens it (transactions managed by kafka_batch.core.store)."""
+    from kafka_batch.core import store
 
-    return offset_store.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
+    return store.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
 
 
 def update_pipeline(name: str, **changes):

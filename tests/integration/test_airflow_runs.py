@@ -18,6 +18,7 @@ import pytest
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     ROOT,
+    aggregate_table,
     batches_of,
     below,
     count_rows,
@@ -54,17 +55,17 @@ def test_params_dry_run_limits_clear_and_recompute(services):
     first = positions(pipeline.name)
     assert sum(first.values()) == 90  # the limit of this run only
     _run(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
-    assert table_contents(pipeline.table) == ground_truth(topic)
+    assert table_contents(pipeline) == ground_truth(topic)
     committed = positions(pipeline.name)
 
     # Clearing a committed run: same batch, nothing happens, Spark is not started.
     sample_data.produce_page_views(kafka_config(), topic, 100, seed=52)
     _run(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
-    assert positions(pipeline.name) == committed and table_contents(pipeline.table) != ground_truth(topic)
+    assert positions(pipeline.name) == committed and table_contents(pipeline) != ground_truth(topic)
     assert len(batches_of(pipeline.name)) == 2
 
     # Clearing the run that asked for `recompute`, after the aggregation changed: its ranges are replayed.
-    update_pipeline(pipeline.name, aggregation={**DOUBLED, "table": pipeline.table})
+    update_pipeline(pipeline.name, sinks={"aggregate": {**DOUBLED, "table": aggregate_table(pipeline)}})
     _run(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)  # its conf again
     assert positions(pipeline.name) == committed
     first_batch_records = count_rows(
@@ -74,7 +75,7 @@ def test_params_dry_run_limits_clear_and_recompute(services):
     assert first_batch_records == 90
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "committed")
     in_first = lambda p, o: o < first[(topic, p)]  # noqa: E731
-    assert table_contents(pipeline.table) == merged(
+    assert table_contents(pipeline) == merged(
         ground_truth(topic, select=in_first, duration_factor=2),
         ground_truth(topic, select=lambda p, o: not in_first(p, o) and o < committed[(topic, p)]),
     )
@@ -85,19 +86,19 @@ def test_replay_dag_reports_first_then_swaps(services):
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=61)
     _run(pipeline.dag_id, "2026-01-01T00:00:00+00:00")
-    update_pipeline(pipeline.name, aggregation={**DOUBLED, "table": pipeline.table})
-    before = table_contents(pipeline.table)
+    update_pipeline(pipeline.name, sinks={"aggregate": {**DOUBLED, "table": aggregate_table(pipeline)}})
+    before = table_contents(pipeline)
 
     replay = f"{pipeline.dag_id}__replay"
     _run(replay, "2026-01-01T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1, reason="check")
-    assert table_contents(pipeline.table) == before  # a dry run by default: recomputed and previewed only
+    assert table_contents(pipeline) == before  # a dry run by default: recomputed and previewed only
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "previewed")
     assert count_rows("SELECT count(*) FROM kafka_batch.replay_previews WHERE batch_id = %s",
                       batches_of(pipeline.name)[-1][0]) > 0
 
     _run(replay, "2026-01-02T00:00:00+00:00", topic=topic, from_time="2020-01-01T00:00:00Z",
          until_time="2100-01-01T00:00:00Z", reason="doubled durations", dry_run=False)
-    assert table_contents(pipeline.table) == ground_truth(topic, duration_factor=2)
+    assert table_contents(pipeline) == ground_truth(topic, duration_factor=2)
     assert [b[1:3] for b in batches_of(pipeline.name)] == [
         ("batch", "committed"), ("replay", "previewed"), ("replay", "committed"),
     ]
@@ -121,19 +122,19 @@ def test_runs_planned_by_time_and_backfills_of_committed_intervals(services):
 
     _run(pipeline.dag_id, at(h0 + hour))  # interval [h0, h0+1h)
     assert positions(pipeline.name) == first_at(h0 + hour)
-    assert table_contents(pipeline.table) == ground_truth(topic, select=below(first_at(h0 + hour)))
+    assert table_contents(pipeline) == ground_truth(topic, select=below(first_at(h0 + hour)))
     _run(pipeline.dag_id, at(h0 + 2 * hour))
     assert positions(pipeline.name) == first_at(h0 + 2 * hour)
-    done = table_contents(pipeline.table)
+    done = table_contents(pipeline)
     assert done == ground_truth(topic, select=below(first_at(h0 + 2 * hour)))
 
     # A backfill run over the first interval, already committed: recomputed and swapped, totals unchanged.
     _run(pipeline.dag_id, at(h0 + hour), run_after=at(h0 + 5 * hour))
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "committed")
-    assert table_contents(pipeline.table) == done and positions(pipeline.name) == first_at(h0 + 2 * hour)
+    assert table_contents(pipeline) == done and positions(pipeline.name) == first_at(h0 + 2 * hour)
 
     # A late record (its timestamp in the first hour, its offset after everything) joins the run whose
     # offsets hold it, and counts in its own minute.
     sample_data.produce_page_views(kafka_config(), topic, 1, seed=79, start_ms=h0 + 60_000)
     _run(pipeline.dag_id, at(h0 + 3 * hour))
-    assert table_contents(pipeline.table) == ground_truth(topic)
+    assert table_contents(pipeline) == ground_truth(topic)

@@ -9,12 +9,13 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from kafka_batch import connections, offset_store
-from kafka_batch.committer import FencedAttempt
-from kafka_batch.job import run_batch
-from kafka_batch.planner import OffsetRange
+from kafka_batch import connections
+from kafka_batch.core import store
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import FencedAttempt
+from kafka_batch.spark.job import run_batch
 from tests.integration.helpers import batches_of, create_topic, kafka_config, new_pipeline, positions, store_connection
-from tests.integration.test_commit import _plan
+from tests.integration.test_core import _plan
 
 pytestmark = pytest.mark.integration
 
@@ -42,22 +43,22 @@ def test_a_zombie_attempt_stops_early_when_a_newer_attempt_starts(services, spar
     def zombie():
         started = time.monotonic()
         try:
-            run_batch(spark, pipeline, postgres, kafka_config(), batch.id)
+            run_batch(spark, postgres, batch.id, kafka_config=lambda _: kafka_config())
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             outcome["error"] = exc
         outcome["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=zombie)
     thread.start()
-    while offset_store.current_attempt(conn, batch.id) != 1:
+    while store.current_attempt(conn, batch.id)[0] != 1:
         time.sleep(0.2)
     time.sleep(3)  # the first attempt is reading
-    assert offset_store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
+    assert store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
     thread.join(timeout=120)
     producer.abort_transaction()
 
     assert isinstance(outcome["error"], FencedAttempt), outcome
-    assert "attempt 1 stopped early, attempt 2 started since" in str(outcome["error"])
+    assert "attempt 1 stopped early, the batch is now attempt 2 (planned)" in str(outcome["error"])
     assert outcome["seconds"] < 60  # well before the 90 s stall timeout
     assert [b[2] for b in batches_of(pipeline.name)] == ["planned"]  # the newer attempt still owns it
     assert positions(pipeline.name) == {(topic, 0): 0}

@@ -12,6 +12,8 @@ import pytest
 
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
+    ROWS_SINK,
+    aggregate_table,
     below,
     count_rows,
     delete_records,
@@ -22,7 +24,10 @@ from tests.integration.helpers import (
     pg_connect,
     positions,
     query,
+    rows_contents,
+    rows_truth,
     run_cli,
+    sink_table,
     table_contents,
     update_pipeline,
 )
@@ -47,7 +52,7 @@ def _live_ranges(pipeline_name: str) -> list[tuple]:
 
 
 def test_replay_after_changing_the_aggregation(services):
-    pipeline = new_pipeline("replay")
+    pipeline = new_pipeline("replay", rows=True)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 600, seed=21)
     run_cli("run", "--pipeline", pipeline.name)
@@ -55,15 +60,17 @@ def test_replay_after_changing_the_aggregation(services):
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=22)
     run_cli("run", "--pipeline", pipeline.name)
     committed = positions(pipeline.name)
-    assert table_contents(pipeline.table) == ground_truth(topic)
+    assert table_contents(pipeline) == ground_truth(topic)
+    assert rows_contents(pipeline) == rows_truth(topic)
 
-    update_pipeline(pipeline.name, aggregation={**DOUBLED, "table": pipeline.table})
-    before = table_contents(pipeline.table)
+    rows = {**ROWS_SINK, "table": sink_table(pipeline, "rows")}
+    update_pipeline(pipeline.name, sinks={"aggregate": {**DOUBLED, "table": aggregate_table(pipeline)}, "rows": rows})
+    before = table_contents(pipeline)
     in_replayed = lambda p, o: p == 1 and o < first_batch[(topic, 1)]  # noqa: E731
     dry = run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "1",
                   "--from", "3", "--until", "4", "--dry-run", "--run-id", "preview")
     assert f"{topic}[1] 0..{first_batch[(topic, 1)]}" in dry.stdout and "would recompute 1 committed range" in dry.stdout
-    assert table_contents(pipeline.table) == before and positions(pipeline.name) == committed
+    assert table_contents(pipeline) == before and positions(pipeline.name) == committed
     # The preview says, per key, what the replayed range adds now and what it would add.
     now, then = ground_truth(topic, select=in_replayed), ground_truth(topic, select=in_replayed, duration_factor=2)
     preview = query("SELECT p.group_key, p.before, p.after FROM kafka_batch.replay_previews p"
@@ -76,19 +83,21 @@ def test_replay_after_changing_the_aggregation(services):
 
     # Offsets 3..4 of partition 1 widen to the whole first range of partition 1.
     run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "1", "--from", "3", "--until", "4")
-    assert table_contents(pipeline.table) == merged(
+    assert table_contents(pipeline) == merged(
         ground_truth(topic, select=lambda p, o: not in_replayed(p, o)),
         ground_truth(topic, select=in_replayed, duration_factor=2),
     )
+    assert rows_contents(pipeline) == rows_truth(topic)  # the replayed range's rows swapped, none lost or doubled
     assert positions(pipeline.name) == committed  # a replay never moves a position
 
     # Everything, by time; then the schedule goes on with the new aggregation.
     run_cli("replay", "--pipeline", pipeline.name, "--topic", topic,
             "--from-time", "2000-01-01T00:00:00Z", "--until-time", "2100-01-01T00:00:00Z")
-    assert table_contents(pipeline.table) == ground_truth(topic, duration_factor=2)
+    assert table_contents(pipeline) == ground_truth(topic, duration_factor=2)
     sample_data.produce_page_views(kafka_config(), topic, 200, seed=23)
     run_cli("run", "--pipeline", pipeline.name)
-    assert table_contents(pipeline.table) == ground_truth(topic, duration_factor=2)
+    assert table_contents(pipeline) == ground_truth(topic, duration_factor=2)
+    assert rows_contents(pipeline) == rows_truth(topic)
     # The ledger keeps every range: 2 batches x 3 partitions, 1 + 6 replayed (retired), 3 + 3 live.
     assert count_rows("SELECT count(*) FROM kafka_batch.batch_ranges r JOIN kafka_batch.batches b ON b.id = r.batch_id"
                       " WHERE b.pipeline = %s AND r.retired_at IS NOT NULL", pipeline.name) == 7
@@ -96,7 +105,7 @@ def test_replay_after_changing_the_aggregation(services):
 
 
 def test_rewind_then_rerun_and_skip(services):
-    pipeline = new_pipeline("rewind", partitions=2)
+    pipeline = new_pipeline("rewind", partitions=2, rows=True)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 400, seed=31)
     run_cli("run", "--pipeline", pipeline.name)
@@ -115,7 +124,8 @@ def test_rewind_then_rerun_and_skip(services):
             "--reason", "bug fix", "--by", "alice", "--execute")
     rewound = {(topic, 0): first[(topic, 0)], (topic, 1): second[(topic, 1)]}
     assert positions(pipeline.name) == rewound
-    assert table_contents(pipeline.table) == ground_truth(topic, select=below(rewound))
+    assert table_contents(pipeline) == ground_truth(topic, select=below(rewound))
+    assert rows_contents(pipeline) == rows_truth(topic, select=below(rewound))
     conn = pg_connect()
     with conn.cursor() as cur:
         cur.execute("SELECT partition, from_position, to_position, direction, requested_by, reason"
@@ -125,7 +135,8 @@ def test_rewind_then_rerun_and_skip(services):
 
     run_cli("run", "--pipeline", pipeline.name)
     assert positions(pipeline.name) == second
-    assert table_contents(pipeline.table) == ground_truth(topic)
+    assert table_contents(pipeline) == ground_truth(topic)
+    assert rows_contents(pipeline) == rows_truth(topic)
 
     # Skip forward: the skipped offsets are recorded and never counted.
     sample_data.produce_page_views(kafka_config(), topic, 200, seed=33)
@@ -134,7 +145,8 @@ def test_rewind_then_rerun_and_skip(services):
             "--reason", "poison records", "--execute")
     run_cli("run", "--pipeline", pipeline.name)
     skipped = lambda p, o: p == 1 and second[(topic, 1)] <= o < skip_to  # noqa: E731
-    assert table_contents(pipeline.table) == ground_truth(topic, select=lambda p, o: not skipped(p, o))
+    assert table_contents(pipeline) == ground_truth(topic, select=lambda p, o: not skipped(p, o))
+    assert rows_contents(pipeline) == rows_truth(topic, select=lambda p, o: not skipped(p, o))
     assert count_rows("SELECT count(*) FROM kafka_batch.resets WHERE pipeline = %s AND direction = 'skip'"
                       " AND from_position = %s AND to_position = %s", pipeline.name, second[(topic, 1)], skip_to) == 1
 
@@ -144,13 +156,13 @@ def test_invalid_operations_are_refused_and_change_nothing(services):
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 100, seed=41)
     run_cli("run", "--pipeline", pipeline.name)
-    snapshot = (positions(pipeline.name), table_contents(pipeline.table), _live_ranges(pipeline.name))
+    snapshot = (positions(pipeline.name), table_contents(pipeline), _live_ranges(pipeline.name))
 
     def refused(*args: str, message: str) -> None:
         result = run_cli(*args, check=False)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr, result.stderr
-        assert (positions(pipeline.name), table_contents(pipeline.table), _live_ranges(pipeline.name)) == snapshot
+        assert (positions(pipeline.name), table_contents(pipeline), _live_ranges(pipeline.name)) == snapshot
 
     replay = ("replay", "--pipeline", pipeline.name, "--topic", topic)
     refused("replay", "--pipeline", "nope", "--topic", topic, "--from", "0", "--until", "1",

@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kafka_batch import batches, sample_data
+from kafka_batch.core import planning
+from kafka_batch.errors import InputError
 from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.planner import PlanError
+from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     create_topic,
     ground_truth,
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 def _plan(pipeline, run_id: str):
     conn = store_connection()
     try:
-        return batches.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id)
+        return planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id)
     finally:
         conn.close()
 
@@ -64,7 +65,7 @@ def test_start_at_explicit_offsets_and_every_partition_must_be_given(services):
     ends = {p: _end(rs) for p, rs in records_by_partition(topic).items()}
     assert min(ends.values()) > 10
     missing = new_pipeline("from_offsets", partitions=0, topics=[topic], start={"offsets": {topic: {0: 3}}})
-    with pytest.raises(PlanError, match=rf"{topic}\[1\]: the start offsets give no offset for this partition"):
+    with pytest.raises(InputError, match=rf"{topic}\[1\]: the start offsets give no offset for this partition"):
         _plan(missing, "r1")
     given = new_pipeline("from_offsets", partitions=0, topics=[topic], start={"offsets": {topic: {0: 3, 1: 10}}})
     batch = _plan(given, "r1")
@@ -78,7 +79,7 @@ def test_topic_pattern_reads_every_matching_topic_including_new_ones(services):
         sample_data.produce_page_views(kafka_config(), name, 50, seed=len(name) + partitions)
     pipeline = new_pipeline("pattern", partitions=0, topics={"pattern": rf"{re.escape(prefix)}\.[a-z]+"})
     run_cli("run", "--pipeline", pipeline.name)
-    assert table_contents(pipeline.table) == merged(ground_truth(f"{prefix}.a"), ground_truth(f"{prefix}.b"))
+    assert table_contents(pipeline) == merged(ground_truth(f"{prefix}.a"), ground_truth(f"{prefix}.b"))
 
     create_topic(f"{prefix}.c", 1)  # appears after the pipeline started: read from its start
     sample_data.produce_page_views(kafka_config(), f"{prefix}.c", 20, seed=9)

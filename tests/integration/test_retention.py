@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.kafka_source import DataLossError, read_range
-from kafka_batch.planner import OffsetRange
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import DataLossError
+from kafka_batch.kafka_source import read_range
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     batches_of,
@@ -50,7 +51,7 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     _produce(topic, 100, seed=1)
     run_cli("run", "--pipeline", pipeline.name)
     first = ground_truth(topic)
-    assert table_contents(pipeline.table) == first and positions(pipeline.name) == {(topic, 0): 100}
+    assert table_contents(pipeline) == first and positions(pipeline.name) == {(topic, 0): 100}
 
     # Planned, then deleted before the job runs: the job checks again before Spark starts.
     _produce(topic, 100, seed=2)
@@ -63,7 +64,7 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     assert failed.returncode != 0
     assert "stored position 100" in failed.stderr and "earliest available offset is now 130" in failed.stderr
     assert _batch_status(pipeline.name, "r2") == "failed"
-    assert positions(pipeline.name) == {(topic, 0): 100} and table_contents(pipeline.table) == first
+    assert positions(pipeline.name) == {(topic, 0): 100} and table_contents(pipeline) == first
     assert _data_loss(pipeline.name) == []
 
     # The operator accepts the loss: the same batch now records it and reads what is left.
@@ -71,7 +72,7 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     update_pipeline(pipeline.name, on_data_loss="skip")
     run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2")
     assert positions(pipeline.name) == {(topic, 0): 200}
-    assert table_contents(pipeline.table) == merged(first, second)
+    assert table_contents(pipeline) == merged(first, second)
     assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2")]
 
     # Deleted before planning: the planner plans past the gap and the commit records it.
@@ -80,7 +81,7 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     third = ground_truth(topic)  # offsets 250..300
     run_cli("run", "--pipeline", pipeline.name, "--run-id", "r3")
     assert positions(pipeline.name) == {(topic, 0): 300}
-    assert table_contents(pipeline.table) == merged(first, second, third)
+    assert table_contents(pipeline) == merged(first, second, third)
     assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2"), (topic, 0, 200, 250, "r3")]
 
     # Back to `fail`: the planner refuses, nothing is planned or changed.
@@ -91,5 +92,5 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     assert refused.returncode == 2
     assert f"{topic}[0]: data loss: stored position 300 is below the earliest available offset 320" in refused.stderr
     assert positions(pipeline.name) == {(topic, 0): 300}
-    assert table_contents(pipeline.table) == merged(first, second, third)
+    assert table_contents(pipeline) == merged(first, second, third)
     assert "r4" not in {run for _, _, _, run, _, _ in batches_of(pipeline.name)}

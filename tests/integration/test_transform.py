@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
-from kafka_batch.job import split_result
-from kafka_batch.spark_source import RECORD_SCHEMA
-from kafka_batch.transform import aggregate
+from kafka_batch.sinks.base import StageContext
+from kafka_batch.spark.reader import RECORD_SCHEMA
+from kafka_batch.spark.transform import parse_records
 
 pytestmark = pytest.mark.integration
 PIPELINE = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
@@ -23,8 +23,11 @@ def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
 
 
 def run(spark, rows):
+    """The aggregate sink's Spark side over parsed records: (contributions, counts per range)."""
     df = spark.createDataFrame(rows, RECORD_SCHEMA)
-    return split_result(aggregate(df, PIPELINE).toArrow())
+    [aggregate] = PIPELINE.sinks
+    output = aggregate.compute(parse_records(df, PIPELINE), StageContext(1, 1, {}))
+    return output.result, output.counts
 
 
 def test_aggregates_per_page_and_minute_and_counts_tombstones(spark):
@@ -57,5 +60,5 @@ def test_aggregates_per_page_and_minute_and_counts_tombstones(spark):
 )
 def test_unparseable_record_is_named(spark, value, named):
     rows = [record(0, {"user_id": "a", "page": "/", "duration_ms": 1}), record(17, value)]
-    with pytest.raises(Exception, match=rf"record pv\[0\] at offset 17 cannot be aggregated.*mistyped: {named}"):
+    with pytest.raises(Exception, match=rf"invalid record pv\[0\] at offset 17 \(pipeline page_views\): not a JSON object.*mistyped: {named}"):
         run(spark, rows)

@@ -7,7 +7,8 @@ import copy
 import pytest
 import yaml
 
-from kafka_batch.config import PROJECT_ROOT, ConfigError, load_pipelines, parse_pipeline
+from kafka_batch.config import PROJECT_ROOT, load_pipelines, parse_pipeline
+from kafka_batch.errors import InputError
 
 BASE = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
 
@@ -22,7 +23,8 @@ def test_shipped_pipelines_load():
     pipelines = load_pipelines(PROJECT_ROOT / "pipelines")
     page_views = pipelines["page_views"]
     assert page_views.topics == ("page_views",)
-    assert [c.name for c in page_views.group_by] == ["page", "minute"]
+    [aggregate] = page_views.sinks
+    assert [c.name for c in aggregate.group_by] == ["page", "minute"]
     assert page_views.dag_id == "kafka_batch__page_views"
 
 
@@ -47,10 +49,15 @@ def test_shipped_pipelines_load():
         ({"record": {"fields": {"offset": "long"}}}, "clashes with the record column"),
         ({"colour": "blue"}, "unknown key(s) ['colour']"),
         ({"connections": {"redis": "x"}}, "unknown connection(s) ['redis']"),
+        ({"sinks": {}}, "sinks must map one or more of ['aggregate', 'rows']"),
+        ({"sinks": {"parquet": {}}}, "unknown sink(s) ['parquet']"),
+        ({"sinks": {"rows": {"table": "t", "columns": {"kafka_offset": "offset"}}}}, "reserved for the record's key"),
+        ({"sinks": {"rows": {"table": "t", "columns": {"page": {"expr": "page", "typ": "text"}}}}}, "unknown setting(s)"),
+        ({"aggregation": {}}, "'aggregation' moved under 'sinks'"),
     ],
 )
 def test_invalid_definitions_are_named(changes, message):
-    with pytest.raises(ConfigError) as excinfo:
+    with pytest.raises(InputError) as excinfo:
         parse_pipeline(with_changes(**changes), source="test.yaml")
     assert message in str(excinfo.value)
     assert "test.yaml" in str(excinfo.value)
@@ -68,13 +75,33 @@ def test_start_policies_and_topic_patterns_parse():
 
 def test_measures_must_have_an_additive_type():
     raw = with_changes()
-    raw["aggregation"]["measures"]["views"]["type"] = "text"
-    with pytest.raises(ConfigError, match=r"aggregation.measures.views type 'text' is not one of"):
+    raw["sinks"]["aggregate"]["measures"]["views"]["type"] = "text"
+    with pytest.raises(InputError, match=r"sinks.aggregate.measures.views type 'text' is not one of"):
         parse_pipeline(raw)
 
 
 def test_two_pipelines_cannot_share_a_table(tmp_path):
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(with_changes(name="a")))
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(with_changes(name="b")))
-    with pytest.raises(ConfigError, match="pipelines 'a' and 'b' both write table 'page_view_minutes'"):
+    with pytest.raises(InputError, match="pipelines 'a' and 'b' both write table 'page_view_minutes'"):
         load_pipelines(tmp_path)
+
+
+def test_a_definition_round_trips_through_its_snapshot():
+    import json
+
+    from kafka_batch.config import from_snapshot
+
+    pipeline = parse_pipeline(with_changes(start={"timestamp": "2026-03-01T10:00:00+01:00"}), source="a.yaml")
+    again = from_snapshot(json.loads(pipeline.snapshot()), source="batch 1")
+    assert again == pipeline and again.definition_hash == pipeline.definition_hash
+    changed = pipeline.with_limits(max_records_per_batch=7)
+    assert changed.limits.max_records_per_batch == 7 and changed.definition_hash != pipeline.definition_hash
+
+
+def test_a_pipeline_may_have_both_sinks_but_not_one_table_twice():
+    both = with_changes(sinks={**BASE["sinks"], "rows": {"table": "page_views_raw", "columns": {"page": "page"}}})
+    assert [s.kind for s in parse_pipeline(both).sinks] == ["aggregate", "rows"]
+    clash = with_changes(sinks={**BASE["sinks"], "rows": {"table": "page_view_minutes", "columns": {"page": "page"}}})
+    with pytest.raises(InputError, match="two sinks write the same table"):
+        parse_pipeline(clash)

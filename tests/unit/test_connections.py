@@ -7,13 +7,13 @@ import json
 import pytest
 
 from kafka_batch.connections import (
-    ConnectionConfigError,
     ConnectionFields,
     from_environment,
     kafka_config,
     parse_connection,
     postgres_params,
 )
+from kafka_batch.errors import InputError
 
 
 def test_json_and_uri_forms_match_airflow():
@@ -42,7 +42,7 @@ def test_kafka_settings_come_from_the_extra():
 
 
 def test_missing_connection_names_the_variable():
-    with pytest.raises(ConnectionConfigError, match="AIRFLOW_CONN_KAFKA_X"):
+    with pytest.raises(InputError, match="AIRFLOW_CONN_KAFKA_X"):
         from_environment("kafka_x", environ={})
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.planner import (
+from kafka_batch.core.ranges import (
     OffsetRange,
     PartitionState,
-    PlanError,
     fair_shares,
     initial_positions,
     plan_ranges,
     recheck_retention,
     split_for_tasks,
 )
+from kafka_batch.errors import DataLossError, InputError, StateError
 
 
 def state(partition, position, log_start=0, last_stable=100, topic="t"):
@@ -33,7 +33,7 @@ def test_unseen_partition_starts_by_policy():
 
 
 def test_ranges_need_a_position():
-    with pytest.raises(PlanError, match=r"t\[0\] has no stored position"):
+    with pytest.raises(StateError, match=r"t\[0\] has no stored position"):
         plan_ranges([state(0, None)], 1000, 1000)
 
 
@@ -53,12 +53,12 @@ def test_fair_shares_never_exceed_budget_or_wants():
 
 
 def test_position_below_log_start_is_data_loss():
-    with pytest.raises(PlanError, match=r"t\[0\]: data loss: stored position 5 is below the earliest available offset 20"):
+    with pytest.raises(DataLossError, match=r"t\[0\]: data loss: stored position 5 is below the earliest available offset 20"):
         plan_ranges([state(0, 5, log_start=20)], 1000, 1000)
 
 
 def test_position_past_the_end_is_refused():
-    with pytest.raises(PlanError, match=r"t\[1\]: stored position 150 is past the end .*\(last stable offset 100\)"):
+    with pytest.raises(StateError, match=r"t\[1\]: stored position 150 is past the end .*\(last stable offset 100\)"):
         plan_ranges([state(1, 150)], 1000, 1000)
 
 
@@ -90,7 +90,7 @@ def test_partitions_found_later_start_by_new_partitions_not_by_start():
 def test_explicit_start_offsets_cover_every_partition():
     states = [state(0, None), state(1, None)]
     assert initial_positions(states, "offsets", start_offsets={("t", 0): 5, ("t", 1): 9}) == {("t", 0): 5, ("t", 1): 9}
-    with pytest.raises(PlanError, match=r"t\[1\]: the start offsets give no offset for this partition"):
+    with pytest.raises(InputError, match=r"t\[1\]: the start offsets give no offset for this partition"):
         initial_positions(states, "offsets", start_offsets={("t", 0): 5})
 
 
@@ -101,14 +101,14 @@ def test_skip_plans_past_the_lost_records_and_says_which_were_lost():
     # Everything left was lost: the range still moves the position past the gap.
     assert plan_ranges([state(0, 5, log_start=100)], 50, 1000, "skip") == [OffsetRange("t", 0, 5, 100, lost_until=100)]
     # The position past the end is refused whatever the policy.
-    with pytest.raises(PlanError, match="past the end"):
+    with pytest.raises(StateError, match="past the end"):
         plan_ranges([state(0, 150)], 50, 1000, "skip")
 
 
 def test_retention_is_checked_again_before_reading():
     planned = OffsetRange("t", 0, 10, 50, range_id=1)
     assert recheck_retention(planned, 10, "fail") is planned
-    with pytest.raises(PlanError, match=r"t\[0\]: data loss: .*stored position 10.*earliest available offset is now 30"):
+    with pytest.raises(DataLossError, match=r"t\[0\]: data loss: .*stored position 10.*earliest available offset is now 30"):
         recheck_retention(planned, 30, "fail")
     assert recheck_retention(planned, 30, "skip").lost_until == 30
     assert recheck_retention(planned, 90, "skip").lost_until == 50

@@ -1,17 +1,21 @@
 """DAG wiring, and nothing else: plan -> has_work -> execute (spark-submit) -> report.
 
 Each task calls the same functions as the CLI; the DAG adds only scheduling, retries and XCom.
+Errors that a retry cannot mend (bad input, a lost race, data loss) fail the task at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk.exceptions import AirflowFailException
 
+from kafka_batch.airflow.operators import BatchSparkSubmitOperator
 from kafka_batch.config import Pipeline
-from kafka_batch.operators import BatchSparkSubmitOperator
+from kafka_batch.errors import KafkaBatchError
 
 log = logging.getLogger(__name__)
 
@@ -29,21 +33,37 @@ BATCH_PARAMS = {
 
 
 def _services(pipeline: Pipeline):
-    from kafka_batch import connections, offset_store
+    from kafka_batch import connections
+    from kafka_batch.core import store
     from kafka_batch.kafka_source import KafkaOffsets
 
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
     kafka = KafkaOffsets(connections.kafka_config(connections.from_airflow(pipeline.connections.kafka)))
-    return offset_store.connect(postgres), kafka
+    return store.connect(postgres), kafka
+
+
+def _fail_fast(function):
+    """A task body whose errors that retrying cannot mend fail the task without Airflow retries."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except KafkaBatchError as exc:
+            if exc.retryable:
+                raise
+            raise AirflowFailException(str(exc)) from None
+
+    return run
 
 
 def build_dag(pipeline: Pipeline) -> DAG:
     with DAG(
         dag_id=pipeline.dag_id,
-        description=f"Exactly-once batches of {pipeline.topics_label} into {pipeline.table}",
+        description=f"Exactly-once batches of {pipeline.topics_label} into {', '.join(pipeline.tables)}",
         doc_md=(
             f"Pipeline `{pipeline.name}` (defined in `{pipeline.source}`): reads the next offset ranges of "
-            f"{pipeline.topics_label} and commits the aggregates into `{pipeline.table}` together "
+            f"{pipeline.topics_label} and commits its sinks' results into {', '.join(f'`{t}`' for t in pipeline.tables)} together "
             "with the new positions, in one Postgres transaction."
         ),
         schedule=_schedule(pipeline),
@@ -56,29 +76,30 @@ def build_dag(pipeline: Pipeline) -> DAG:
     ) as dag:
 
         @task
+        @_fail_fast
         def plan(params: dict, run_id: str, data_interval_start=None, data_interval_end=None) -> dict:
             """Persist this run's ranges; a retry or clear of the run gets the same batch back."""
-            from kafka_batch import batches, operations
+            from kafka_batch.core import planning
 
-            limited = batches.with_limits(
-                pipeline, max_records_per_partition=params["max_records_per_partition"],
+            limited = pipeline.with_limits(
+                max_records_per_partition=params["max_records_per_partition"],
                 max_records_per_batch=params["max_records_per_batch"],
             )
             conn, kafka = _services(pipeline)
             try:
                 if params["dry_run"]:
-                    summary = batches.dry_run(conn, kafka, limited)
+                    summary = planning.dry_run(conn, kafka, limited)
                     _log_plan("dry run (nothing persisted)", summary)
                     return summary
                 if pipeline.plan_by == "time":
-                    batch = operations.plan_for_interval(
+                    batch = planning.plan_for_interval(
                         conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
                         start_ms=int(data_interval_start.timestamp() * 1000), end_ms=int(data_interval_end.timestamp() * 1000),
                     )
                 else:
-                    batch = batches.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
+                    batch = planning.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
                 if batch.status == "committed" and params["recompute"]:
-                    batch = operations.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
+                    batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                        dag_id=pipeline.dag_id)
             finally:
                 conn.close()
@@ -130,18 +151,19 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
     ) as dag:
 
         @task
+        @_fail_fast
         def plan(params: dict, run_id: str) -> dict:
             """Widen and validate the request, then persist the replay (unless dry run)."""
-            from kafka_batch import operations
             from kafka_batch.config import optional_time_ms
+            from kafka_batch.core import planning
 
-            request = operations.OffsetRequest(
+            request = planning.OffsetRequest(
                 params["topic"], tuple(params["partitions"] or ()), params["from_offset"], params["until_offset"],
                 optional_time_ms(params["from_time"], "from_time"), optional_time_ms(params["until_time"], "until_time"),
             )
             conn, kafka = _services(pipeline)
             try:
-                batch = operations.plan_replay(
+                batch = planning.plan_replay(
                     conn, kafka, pipeline, request, run_id=run_id, requested_by=f"airflow:{run_id}",
                     reason=params["reason"], dag_id=f"{pipeline.dag_id}__replay",
                 )
@@ -167,19 +189,22 @@ def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> No
     @task.short_circuit(ignore_downstream_trigger_rules=False)
     def has_work(summary: dict) -> bool:
         """Empty plans, dry runs and committed batches succeed without starting Spark."""
-        return summary["status"] in ("planned", "failed")
+        from kafka_batch.core.state import RUNNABLE
+
+        return summary["status"] in RUNNABLE
 
     execute = BatchSparkSubmitOperator(
         task_id="execute",
-        pipeline_name=pipeline.name,
+        pipeline=pipeline,
         batch_id="{{ ti.xcom_pull(task_ids='plan')['batch_id'] }}",
         mode=mode,
     )
 
     @task(trigger_rule=TriggerRule.NONE_FAILED)
+    @_fail_fast
     def report(summary: dict) -> dict:
         """Counts of the batch and lag per partition, for the log and XCom."""
-        from kafka_batch.batches import report as batch_report
+        from kafka_batch.core.report import report as batch_report
 
         if summary["status"] == "dry_run":
             log.info("dry run: nothing was executed; the plan is in the plan task's log and XCom")
@@ -197,7 +222,7 @@ def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> No
         if "preview" in result:
             log.info("dry run: %d group keys would change (nothing committed):", len(result["preview"]))
             for row in result["preview"]:
-                log.info("  %s: %s -> %s", row["group_key"], row["before"], row["after"])
+                log.info("  %s %s: %s -> %s", row["table"], row["group_key"], row["before"], row["after"])
             result["preview"] = result["preview"][:100]  # XCom stays small; the table keeps them all
         return result
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-
-class PlanError(ValueError):
-    """The stored positions and the log disagree in a way that needs an operator; nothing is planned."""
+from kafka_batch.errors import DataLossError, InputError, StateError
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def start_offset(state: PartitionState, start: str) -> int:
         return state.log_start
     if start == "latest":
         return state.last_stable
-    raise PlanError(f"unknown start policy {start!r}")
+    raise InputError(f"unknown start policy {start!r}")
 
 
 def initial_positions(
@@ -82,7 +80,7 @@ def initial_positions(
             positions[key] = start_offset(s, new_partitions)
         elif start == "offsets":
             if key not in (start_offsets or {}):
-                raise PlanError(
+                raise InputError(
                     f"{s.topic}[{s.partition}]: the start offsets give no offset for this partition; "
                     "give one for every partition of the pipeline's topics"
                 )
@@ -96,7 +94,7 @@ def _lost_until(state: PartitionState, on_data_loss: str) -> int | None:
     """Where readable data begins if retention overtook the position; None if nothing was lost."""
     where = f"{state.topic}[{state.partition}]"
     if state.position > state.last_stable:
-        raise PlanError(
+        raise StateError(
             f"{where}: stored position {state.position} is past the end of the partition "
             f"(last stable offset {state.last_stable}); was the topic deleted and recreated? "
             "Reset the position explicitly to go on"
@@ -105,7 +103,7 @@ def _lost_until(state: PartitionState, on_data_loss: str) -> int | None:
         return None
     if on_data_loss == "skip":
         return state.log_start
-    raise PlanError(
+    raise DataLossError(
         f"{where}: data loss: stored position {state.position} is below the earliest available offset "
         f"{state.log_start}; records {state.position}..{state.log_start} were deleted before they were read "
         "(on_data_loss: fail)"
@@ -120,7 +118,7 @@ def recheck_retention(r: OffsetRange, log_start: int, on_data_loss: str) -> Offs
     lost_until = min(log_start, r.until_offset)
     if on_data_loss == "skip":
         return replace(r, lost_until=lost_until)
-    raise PlanError(
+    raise DataLossError(
         f"{r.topic}[{r.partition}]: data loss: range {r.from_offset}..{r.until_offset} (stored position "
         f"{r.from_offset}) needs offset {readable_from}, but the earliest available offset is now {log_start}; "
         f"records {readable_from}..{lost_until} were deleted before they were read (on_data_loss: fail)"
@@ -153,7 +151,7 @@ def plan_ranges(
     candidates = []
     for state in sorted(states, key=lambda s: (s.topic, s.partition)):
         if state.position is None:
-            raise PlanError(f"{state.topic}[{state.partition}] has no stored position; store initial_positions first")
+            raise StateError(f"{state.topic}[{state.partition}] has no stored position; store initial_positions first")
         lost_until = _lost_until(state, on_data_loss)
         begin = state.position if lost_until is None else lost_until
         end = min(state.last_stable, begin + max_records_per_partition)

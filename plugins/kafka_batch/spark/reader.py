@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 
 from kafka_batch.config import ReadSettings
+from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.kafka_source import read_range
-from kafka_batch.planner import OffsetRange
 
 TASK_SCHEMA = "range_id long, topic string, partition int, from_offset long, until_offset long"
 RECORD_SCHEMA = (

@@ -1,0 +1,112 @@
+"""The commit: positions, every sink's results, the ledger and the batch status in ONE transaction.
+
+Every range of a batch moves its position by compare-and-set (`next_offset = from` -> `until`); a
+range whose stored position is not its `from` rolls the whole transaction back, so a batch can
+neither leave a gap nor count a record twice. A replay instead retires the committed ranges it
+recomputes (each sink removes their effect exactly) and moves no position. Sinks are reached only
+through their interface: this module knows no particular output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kafka_batch.config import Pipeline
+from kafka_batch.core import store
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core.state import BatchStatus
+from kafka_batch.core.store import transaction
+from kafka_batch.errors import StateError
+from kafka_batch.sinks.base import RangeCounts, SinkOutput
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    batch_id: int
+    already_committed: bool
+    records: int
+    rows_written: int
+
+
+def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by: str) -> None:
+    """Committed ranges leave every sink's output (exactly) and the live ledger."""
+    for sink in pipeline.sinks:
+        sink.remove(cur, ranges)
+    store.retire(cur, [r.range_id for r in ranges], retired_by)
+
+
+def _replaced(cur, batch_id: int) -> list[OffsetRange]:
+    """The live ranges a replay recomputes; refused if one was retired since the replay was planned."""
+    replaced = store.replaced_ranges(cur, batch_id, lock=True)
+    for r, retired_by in replaced:
+        if retired_by is not None:
+            raise StateError(
+                f"replay batch {batch_id}: range {r} was retired by {retired_by} after the replay was planned;"
+                " nothing was committed, plan the replay again"
+            )
+    return [r for r, _ in replaced]
+
+
+def _counts(batch: store.Batch, outputs: Mapping[str, SinkOutput]) -> dict[int, RangeCounts]:
+    """Per range, what the sinks counted: they read the same records, so they must agree."""
+    counted = [output.counts for output in outputs.values()]
+    counts = counted[0] if counted else {}
+    if any(other != counts for other in counted[1:]):
+        raise StateError(f"batch {batch.id}: the sinks counted different records per range; nothing was committed")
+    unknown = set(counts) - {r.range_id for r in batch.ranges}
+    if unknown:
+        raise StateError(f"batch {batch.id}: results name ranges {sorted(unknown)} that are not in the batch")
+    return counts
+
+
+def _check_outputs(pipeline: Pipeline, outputs: Mapping[str, SinkOutput]) -> None:
+    missing = {s.kind for s in pipeline.sinks} - set(outputs)
+    if missing:
+        raise StateError(f"pipeline {pipeline.name}: no result for sink(s) {sorted(missing)}")
+
+
+def commit_batch(
+    conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
+    read_tasks: int | None = None,
+) -> CommitResult:
+    """Commit one attempt of a batch. A batch already committed is a no-op success."""
+    _check_outputs(pipeline, outputs)
+    with transaction(conn) as cur:
+        batch = store.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
+        if batch.status == BatchStatus.COMMITTED:
+            return CommitResult(batch_id, True, batch.records_read or 0, 0)
+        counts = _counts(batch, outputs)
+        if batch.kind == "replay":
+            retire_ranges(cur, pipeline, _replaced(cur, batch_id), f"replay batch {batch_id}")
+        else:
+            for r in batch.ranges:
+                store.move_position(cur, pipeline.name, batch_id, r)
+        rows = sum(sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks)
+        store.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
+        store.record_data_loss(cur, pipeline.name, batch_id)
+        records = sum(c.records for c in counts.values())
+        store.finish(cur, batch, BatchStatus.COMMITTED, records=records,
+                     tombstones=sum(c.tombstones for c in counts.values()), read_tasks=read_tasks)
+    return CommitResult(batch_id, False, records, rows)
+
+
+def preview_replay(
+    conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
+    read_tasks: int | None = None,
+) -> CommitResult:
+    """A replay's dry run: each sink stores how its output would change; nothing else is committed.
+
+    The batch ends `previewed` (it can never commit); `rows_written` is how many keys would change.
+    """
+    _check_outputs(pipeline, outputs)
+    with transaction(conn) as cur:
+        batch = store.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
+        if batch.kind != "replay" or batch.status == BatchStatus.COMMITTED:
+            raise StateError(f"batch {batch_id} is a {batch.status} {batch.kind}; only a planned replay can be previewed")
+        counts = _counts(batch, outputs)
+        replaced = [r for r, _ in store.replaced_ranges(cur, batch_id)]
+        changed = sum(sink.preview(cur, batch_id, replaced, outputs[sink.kind].result) for sink in pipeline.sinks)
+        store.finish(cur, batch, BatchStatus.PREVIEWED, records=sum(c.records for c in counts.values()),
+                     tombstones=sum(c.tombstones for c in counts.values()), read_tasks=read_tasks)
+    return CommitResult(batch_id, False, sum(c.records for c in counts.values()), changed)

@@ -1,0 +1,51 @@
+"""What operators and the DAG's report step see: positions, lag, and a batch's counts.
+
+Read-only: nothing here changes progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kafka_batch.config import Pipeline
+from kafka_batch.core import store
+from kafka_batch.core.planning import ask_kafka, partition_states, prepare
+from kafka_batch.core.state import BatchStatus
+from kafka_batch.core.store import transaction
+from kafka_batch.kafka_source import KafkaOffsets
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    position: int
+    log_start: int
+    last_stable: int
+    lag: int
+    last_batch_id: int | None
+
+
+def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatus]:
+    """Per partition: committed position, last stable offset, lag and the batch that last moved it."""
+    prepare(conn, pipeline)
+    view = ask_kafka(conn, kafka, pipeline)
+    with transaction(conn) as cur:
+        states, _ = partition_states(cur, pipeline, view)
+        cur.execute("SELECT topic, partition, batch_id FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline.name,))
+        last_batch = {(t, p): b for t, p, b in cur.fetchall()}
+    return [
+        PartitionStatus(s.topic, s.partition, s.position, s.log_start, s.last_stable,
+                        max(0, s.last_stable - s.position), last_batch.get((s.topic, s.partition)))
+        for s in states
+    ]
+
+
+def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict:
+    """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details."""
+    batch = store.load_batch(conn, batch_id)
+    partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
+    result = {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
+    if batch.status == BatchStatus.PREVIEWED:
+        result["preview"] = store.replay_preview(conn, batch_id)
+    return result

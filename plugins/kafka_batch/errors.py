@@ -1,0 +1,73 @@
+"""Every error the project names, in one place: one base class and a few kinds that say what to do.
+
+The kind decides the exit code of the CLI and of the Spark job, and whether Airflow may retry:
+bad input and lost races never get better by retrying; a broker that did not answer may.
+"""
+
+from __future__ import annotations
+
+
+class KafkaBatchError(Exception):
+    """A condition the project recognises; the message is one line an operator can act on."""
+
+    exit_code = 1
+    retryable = False
+
+
+class InputError(KafkaBatchError):
+    """A pipeline definition, a connection or an operator's request is invalid; nothing was changed."""
+
+    exit_code = 2
+
+
+class StateError(KafkaBatchError):
+    """The stored state refuses the step: a lost compare-and-set, a stale attempt, a batch in the wrong status."""
+
+    exit_code = 3
+
+
+class FencedAttempt(StateError):
+    """A newer attempt (or a newer plan) owns the batch; this attempt must not commit."""
+
+
+class SourceError(KafkaBatchError):
+    """Kafka refused or did not answer; often transient, so Airflow may retry."""
+
+    exit_code = 4
+    retryable = True
+
+
+class DataLossError(SourceError):
+    """Records a batch needs are no longer in the log (retention overtook them): an operator decides."""
+
+    exit_code = 5
+    retryable = False
+
+
+# Messages of records a pipeline cannot process start with this (raised inside Spark, found by the job).
+INVALID_RECORD = "invalid record"
+
+KINDS = (InputError, StateError, SourceError, DataLossError)
+
+
+def from_exit_code(code: int, message: str) -> KafkaBatchError:
+    """The error a child process (the Spark job) reported through its exit code."""
+    for kind in KINDS:
+        if kind.exit_code == code:
+            return kind(message)
+    return KafkaBatchError(message)
+
+
+def one_line(exc: BaseException) -> str:
+    """`kafka-batch: <kind>: <message>` without a traceback; unknown errors keep their class name."""
+    kind = type(exc).__name__ if not isinstance(exc, KafkaBatchError) else _label(exc)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"kafka-batch: {kind}: {text}"
+
+
+def _label(exc: KafkaBatchError) -> str:
+    for kind, label in ((DataLossError, "data loss"), (SourceError, "kafka error"), (StateError, "refused"),
+                        (InputError, "invalid input")):
+        if isinstance(exc, kind):
+            return label
+    return "error"

@@ -1,0 +1,9 @@
+"""Where a pipeline's results go. Each module is one kind of sink; SINKS maps the YAML key to it."""
+
+from kafka_batch.sinks.aggregate import AggregateSink
+from kafka_batch.sinks.base import Sink
+from kafka_batch.sinks.rows import RowsSink
+
+SINKS: dict[str, type[Sink]] = {sink.kind: sink for sink in (AggregateSink, RowsSink)}
+
+__all__ = ["SINKS", "AggregateSink", "RowsSink", "Sink"]

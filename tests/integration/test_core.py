@@ -1,0 +1,307 @@
+"""The exactly-once core against the real Postgres, without Spark: seconds, not minutes.
+
+Hand-made Arrow results stand in for what Spark computes; the rows sink's executor writer runs
+in-process. Expected outputs are written down from the hand-made input, never recomputed by the
+code under test.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from kafka_batch import connections
+from kafka_batch.core import planning, store
+from kafka_batch.core.commit import commit_batch, preview_replay, retire_ranges
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
+from kafka_batch.errors import FencedAttempt, StateError
+from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.sinks.aggregate import AggregateSink
+from kafka_batch.sinks.base import RangeCounts, SinkOutput
+from kafka_batch.sinks.rows import RowsSink, StagedRows, stage_rows
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    kafka_config,
+    new_pipeline,
+    pg_connect,
+    positions,
+    query,
+    rows_contents,
+    sink_table,
+    store_connection,
+    table_contents,
+    update_pipeline,
+)
+
+pytestmark = pytest.mark.integration
+MINUTE = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _postgres() -> dict:
+    return connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
+
+
+def _sink(pipeline, kind):
+    return next(s for s in pipeline.sinks if s.kind == kind)
+
+
+def _plan(conn, pipeline, run_id, ranges):
+    """Persist hand-made ranges (starting positions stored as planning stores them)."""
+    planning.prepare(conn, pipeline)
+    with store.transaction(conn) as cur:
+        store.lock_pipeline(cur, pipeline.name)
+        store.store_initial_positions(cur, pipeline.name, {(r.topic, r.partition): r.from_offset for r in ranges})
+        return store.insert_batch(cur, pipeline, run_id, None, ranges)
+
+
+def _aggregate_output(batch, views_per_range: int, page: str = "/") -> SinkOutput:
+    """Each range contributes `views_per_range` views of `page` in MINUTE (duration 10 per view)."""
+    ids = [r.range_id for r in batch.ranges]
+    table = pa.table({
+        "range_id": pa.array(ids, pa.int64()),
+        "page": [page] * len(ids),
+        "minute": pa.array([MINUTE] * len(ids), pa.timestamp("us", tz="UTC")),
+        "views": pa.array([views_per_range] * len(ids), pa.int64()),
+        "total_duration_ms": pa.array([10 * views_per_range] * len(ids), pa.int64()),
+    })
+    return SinkOutput({i: RangeCounts(views_per_range, 0) for i in ids}, table)
+
+
+def _rows_output(pipeline, batch, attempt, views_per_range: int, page: str = "/") -> SinkOutput:
+    """The rows sink's executor writer, run in-process: one row per offset from each range's start."""
+    sink = _sink(pipeline, "rows")
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        name = sink.create_stage(cur, batch.id, attempt)
+    conn.close()
+    rows = [(r.range_id, r.topic, r.partition, r.from_offset + n) for r in batch.ranges for n in range(views_per_range)]
+    data = pa.RecordBatch.from_pydict({
+        "range_id": pa.array([r[0] for r in rows], pa.int64()),
+        "_tombstone": pa.array([False] * len(rows)),
+        "kafka_topic": [r[1] for r in rows],
+        "kafka_partition": pa.array([r[2] for r in rows], pa.int32()),
+        "kafka_offset": pa.array([r[3] for r in rows], pa.int64()),
+        "user_id": ["u"] * len(rows),
+        "page": [page] * len(rows),
+        "duration_ms": pa.array([10] * len(rows), pa.int64()),
+        "viewed_at": pa.array([MINUTE] * len(rows), pa.timestamp("us", tz="UTC")),
+    })
+    [written] = list(stage_rows(_postgres(), name, sink.column_names)(iter([data])))
+    counts = {rid: RangeCounts(n, 0) for rid, n in zip(written["range_id"].to_pylist(), written["records"].to_pylist(),
+                                                       strict=True)}
+    return SinkOutput(counts, StagedRows(name, len(rows)))
+
+
+def _outputs(pipeline, batch, attempt, views: int, page: str = "/") -> dict:
+    return {"aggregate": _aggregate_output(batch, views, page), "rows": _rows_output(pipeline, batch, attempt, views, page)}
+
+
+def _state(pipeline):
+    """Everything a refused commit must leave alone."""
+    return (positions(pipeline.name), table_contents(pipeline), rows_contents(pipeline),
+            query("SELECT count(*) FROM kafka_batch.batch_ranges r JOIN kafka_batch.batches b ON b.id = r.batch_id"
+                  " WHERE b.pipeline = %s AND b.status = 'committed'", pipeline.name))
+
+
+def _stages(batch_id: int) -> list[str]:
+    return [r[0] for r in query("SELECT tablename FROM pg_tables WHERE schemaname = 'kafka_batch_stage'"
+                                " AND tablename LIKE %s", f"b{batch_id}\\_%")]
+
+
+def test_commit_moves_positions_and_every_sink_once(services):
+    pipeline = new_pipeline("cas", partitions=0, rows=True)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10), OffsetRange(topic, 1, 0, 10)])
+    attempt = store.claim_attempt(conn, batch.id)
+    outputs = _outputs(pipeline, batch, attempt, 7)
+    result = commit_batch(conn, pipeline, batch.id, attempt, outputs, read_tasks=2)
+    assert (result.records, result.rows_written) == (14, 2 + 14)
+    assert positions(pipeline.name) == {(topic, 0): 10, (topic, 1): 10}
+    assert table_contents(pipeline) == {("/", MINUTE): (14, 140)}
+    assert sorted(rows_contents(pipeline)) == [(topic, p, o) for p in (0, 1) for o in range(7)]
+    assert _stages(batch.id) == []  # the commit moved the staged rows and dropped the stage
+    assert query("SELECT status, records_read, read_tasks FROM kafka_batch.batches WHERE id = %s", batch.id) == [
+        ("committed", 14, 2)]
+
+    # Committing the same batch again is a no-op success.
+    assert commit_batch(conn, pipeline, batch.id, attempt, outputs).already_committed
+    assert table_contents(pipeline) == {("/", MINUTE): (14, 140)}
+
+    # A batch that starts at 5 (a repeat) or at 12 (a gap) is refused; nothing changes.
+    before = _state(pipeline)
+    for n, start in enumerate((5, 12)):
+        wrong = _plan(conn, pipeline, f"wrong{n}", [OffsetRange(topic, 0, start, start + 10)])
+        attempt = store.claim_attempt(conn, wrong.id)
+        with pytest.raises(StateError, match=rf"{topic}\[0\] {start}..{start + 10} expected position {start} but found"
+                                             r" stored position 10"):
+            commit_batch(conn, pipeline, wrong.id, attempt, _outputs(pipeline, wrong, attempt, 3))
+        assert _state(pipeline) == before
+    conn.close()
+
+
+def test_a_stale_attempt_cannot_commit_and_its_staged_rows_are_never_moved(services):
+    pipeline = new_pipeline("fence", partitions=0, rows=True)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5)])
+    old = store.claim_attempt(conn, batch.id)
+    zombie = _outputs(pipeline, batch, old, 5, page="/zombie")
+    new = store.claim_attempt(conn, batch.id)
+    with pytest.raises(FencedAttempt, match=f"attempt {old} is stale"):
+        commit_batch(conn, pipeline, batch.id, old, zombie)
+    assert positions(pipeline.name) == {(topic, 0): 0} and rows_contents(pipeline) == {}
+    commit_batch(conn, pipeline, batch.id, new, _outputs(pipeline, batch, new, 5))
+    assert positions(pipeline.name) == {(topic, 0): 5}
+    assert {v[1] for v in rows_contents(pipeline).values()} == {"/"}  # the zombie's rows never landed
+    assert table_contents(pipeline) == {("/", MINUTE): (5, 50)}
+    # A committed batch cannot start another attempt.
+    with pytest.raises(StateError, match=f"batch {batch.id} is committed; it can no longer be executed"):
+        store.claim_attempt(conn, batch.id)
+    conn.close()
+
+
+def test_statuses_move_only_as_the_table_allows(services):
+    for old in BatchStatus:
+        for new in BatchStatus:
+            if new in ALLOWED[old]:
+                check(1, old, new)
+            else:
+                with pytest.raises(StateError, match=f"batch 1 is {old.value}; it cannot become {new.value}"):
+                    check(1, old, new)
+    assert sources(BatchStatus.COMMITTED) == ["planned", "failed"]
+    pipeline = new_pipeline("states", partitions=0)
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(pipeline.topics[0], 0, 0, 5)])
+    attempt = store.claim_attempt(conn, batch.id)
+    store.mark_failed(conn, batch.id, attempt, "boom")
+    assert store.load_batch(conn, batch.id).status == BatchStatus.FAILED
+    commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": _aggregate_output(batch, 1)})
+    store.mark_failed(conn, batch.id, attempt, "too late")  # committed is final: nothing changes
+    committed = store.load_batch(conn, batch.id)
+    assert (committed.status, committed.error) == (BatchStatus.COMMITTED, None)
+    with store.transaction(conn) as cur:
+        assert not store.set_status(cur, batch.id, BatchStatus.SUPERSEDED)
+    # Superseding a failed batch keeps its diagnosis.
+    failed = _plan(conn, pipeline, "r2", [OffsetRange(pipeline.topics[0], 0, 5, 9)])
+    store.mark_failed(conn, failed.id, store.claim_attempt(conn, failed.id), "ValueError: the first diagnosis")
+    _plan(conn, pipeline, "r3", [OffsetRange(pipeline.topics[0], 0, 5, 9)])
+    superseded = store.load_batch(conn, failed.id)
+    assert superseded.status == BatchStatus.SUPERSEDED
+    assert superseded.error == "superseded by a newer plan; it had failed: ValueError: the first diagnosis"
+    conn.close()
+
+
+def test_sinks_remove_exactly_the_ranges_they_are_given(services):
+    pipeline = new_pipeline("remove", partitions=0, rows=True)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    first = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
+    attempt = store.claim_attempt(conn, first.id)
+    commit_batch(conn, pipeline, first.id, attempt, _outputs(pipeline, first, attempt, 4, page="/a"))
+    second = _plan(conn, pipeline, "r2", [OffsetRange(topic, 0, 10, 20)])
+    attempt = store.claim_attempt(conn, second.id)
+    commit_batch(conn, pipeline, second.id, attempt, _outputs(pipeline, second, attempt, 3, page="/a"))
+    assert table_contents(pipeline) == {("/a", MINUTE): (7, 70)}
+
+    with store.transaction(conn) as cur:
+        retire_ranges(cur, pipeline, list(first.ranges), "test")
+    assert table_contents(pipeline) == {("/a", MINUTE): (3, 30)}
+    assert sorted(rows_contents(pipeline)) == [(topic, 0, o) for o in (10, 11, 12)]
+    with store.transaction(conn) as cur:
+        retire_ranges(cur, pipeline, list(second.ranges), "test")
+    assert table_contents(pipeline) == {} and rows_contents(pipeline) == {}  # keys left with nothing disappear
+    conn.close()
+
+
+def test_a_replay_swaps_and_its_preview_changes_nothing(services):
+    pipeline = new_pipeline("swap", partitions=0, rows=True)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
+    attempt = store.claim_attempt(conn, batch.id)
+    commit_batch(conn, pipeline, batch.id, attempt, _outputs(pipeline, batch, attempt, 4, page="/old"))
+
+    def replay(run_id):
+        with store.transaction(conn) as cur:
+            replayed = store.live_ranges(cur, pipeline.name, topic, 0)
+            return store.insert_replay(cur, pipeline, run_id, None, replayed, "test", "test")
+
+    dry = replay("dry")
+    attempt = store.claim_attempt(conn, dry.id)
+    before = _state(pipeline)
+    result = preview_replay(conn, pipeline, dry.id, attempt, _outputs(pipeline, dry, attempt, 4, page="/new"))
+    assert _state(pipeline) == before and store.load_batch(conn, dry.id).status == BatchStatus.PREVIEWED
+    previews = store.replay_preview(conn, dry.id)
+    aggregate = [p for p in previews if p["table"] == _sink(pipeline, "aggregate").table]
+    assert [(p["group_key"]["page"], p["before"], p["after"]) for p in aggregate] == [
+        ("/new", None, {"views": 4, "total_duration_ms": 40}), ("/old", {"views": 4, "total_duration_ms": 40}, None)]
+    rows = [p for p in previews if p["table"] == sink_table(pipeline, "rows")]
+    assert len(rows) == 4 and all(p["before"]["page"] == "/old" and p["after"]["page"] == "/new" for p in rows)
+    assert result.rows_written == len(previews)
+
+    real = replay("real")
+    attempt = store.claim_attempt(conn, real.id)
+    commit_batch(conn, pipeline, real.id, attempt, _outputs(pipeline, real, attempt, 4, page="/new"))
+    assert table_contents(pipeline) == {("/new", MINUTE): (4, 40)}
+    assert {v[1] for v in rows_contents(pipeline).values()} == {"/new"}
+    assert positions(pipeline.name) == {(topic, 0): 10}  # a replay never moves a position
+    conn.close()
+
+
+def test_a_batch_keeps_the_definition_it_was_planned_with(services):
+    pipeline = new_pipeline("snapshot", partitions=0)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5)])
+    changed = update_pipeline(pipeline.name, limits={"max_records_per_task": 3})  # an operator edits the YAML
+    assert changed.definition_hash != pipeline.definition_hash
+    planned = store.batch_pipeline(conn, store.load_batch(conn, batch.id))
+    assert planned == pipeline and planned.limits.max_records_per_task == pipeline.limits.max_records_per_task
+    attempt = store.claim_attempt(conn, batch.id)
+    commit_batch(conn, planned, batch.id, attempt, {"aggregate": _aggregate_output(batch, 2)})
+    assert query("SELECT definition_hash FROM kafka_batch.ledger WHERE batch_id = %s", batch.id) == [
+        (pipeline.definition_hash,)]
+    [(stored,)] = query("SELECT definition::text FROM kafka_batch.definitions WHERE hash = %s", pipeline.definition_hash)
+    assert json.loads(stored) == pipeline.definition
+    conn.close()
+
+
+def test_a_table_with_other_columns_is_refused_with_how_to_migrate(services):
+    pipeline = new_pipeline("columns", partitions=0, rows=True)
+    conn = store_connection()
+    planning.prepare(conn, pipeline)
+    sink = _sink(pipeline, "rows")
+    narrower = RowsSink(sink.table, sink.columns[:1])
+    with pytest.raises(Exception, match=r"exists with columns .* Migrate it first"), store.transaction(conn) as cur:
+        narrower.create(cur, pipeline.name)
+    aggregate = _sink(pipeline, "aggregate")
+    renamed = AggregateSink(aggregate.table, aggregate.group_by[:1], aggregate.measures)
+    with pytest.raises(Exception, match=rf"table public.{aggregate.table} exists"), store.transaction(conn) as cur:
+        renamed.create(cur, pipeline.name)
+    conn.close()
+
+
+def test_a_retried_run_gets_the_same_plan(services):
+    pipeline = new_pipeline("retry")
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 400, seed=3)
+    conn = store_connection()
+    kafka = KafkaOffsets(kafka_config())
+    first = planning.plan_batch(conn, kafka, pipeline, run_id="run-1")
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 100, seed=4)
+    again = planning.plan_batch(conn, kafka, pipeline, run_id="run-1")
+    assert (again.id, again.ranges) == (first.id, first.ranges)
+    assert first.span == 400
+    # A new run plans from the stored positions (none yet) up to the new end, and fences the old plan.
+    newer = planning.plan_batch(conn, kafka, pipeline, run_id="run-2")
+    assert newer.span == 500
+    assert store.load_batch(conn, first.id).status == BatchStatus.SUPERSEDED
+    # Run ids are unique per DAG only: another DAG's run with the same id is another run.
+    elsewhere = planning.plan_batch(conn, kafka, pipeline, run_id="run-2", dag_id="another_dag")
+    assert elsewhere.id != newer.id
+    assert planning.plan_batch(conn, kafka, pipeline, run_id="run-2").id == newer.id
+    conn.close()
