@@ -13,13 +13,15 @@ import os
 import sys
 from datetime import UTC, datetime
 
+import psycopg2
+from confluent_kafka import KafkaException
 from tabulate import tabulate
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.core import planning, report, resets, store
 from kafka_batch.core.planning import OffsetRequest
-from kafka_batch.errors import KafkaBatchError, one_line
+from kafka_batch.errors import KafkaBatchError, ServiceError, one_line
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.spark import submit
 
@@ -60,11 +62,18 @@ def _cli_run_id() -> str:
     return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _execute(conn, kafka, pipeline, batch, mode: str = "commit") -> dict:
-    """spark-submit a batch that still has to run (a committed one is left alone), then report it."""
+def _execute(pipeline, batch, mode: str = "commit") -> dict:
+    """spark-submit a batch that still has to run (a committed one is left alone), then report it.
+
+    The report opens its own connection: one held idle through a long Spark run may have been dropped.
+    """
     if batch.runnable:
         submit_batch(pipeline, batch.id, mode)
-    return report.report(conn, kafka, pipeline, batch.id)
+    conn, kafka = _services(pipeline)
+    try:
+        return report.report(conn, kafka, pipeline, batch.id)
+    finally:
+        conn.close()
 
 
 def cmd_run(args) -> int:
@@ -72,11 +81,14 @@ def cmd_run(args) -> int:
     conn, kafka = _services(pipeline)
     try:
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
-        print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
-        summary = _execute(conn, kafka, pipeline, batch)
     finally:
         conn.close()
-    print(f"batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records; lag {summary['lag']}")
+    print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
+    summary = _execute(pipeline, batch)
+    invalid = summary["records_invalid"]
+    quarantined = f", {invalid} quarantined (kafka-batch quarantine --pipeline {pipeline.name})" if invalid else ""
+    print(f"batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records{quarantined};"
+          f" lag {summary['lag']}")
     return 0
 
 
@@ -100,13 +112,13 @@ def cmd_replay(args) -> int:
             conn, kafka, pipeline, request, run_id=args.run_id or "replay__" + _cli_run_id(), requested_by=args.by,
             reason=args.reason,
         )
-        print(f"{'dry run: would recompute' if args.dry_run else 'recomputing'} {len(batch.ranges)} committed range(s)"
-              " (the request widened to whole ranges):")
-        for r in batch.ranges:
-            print(f"  {r}")
-        summary = _execute(conn, kafka, pipeline, batch, "preview" if args.dry_run else "commit")
     finally:
         conn.close()
+    print(f"{'dry run: would recompute' if args.dry_run else 'recomputing'} {len(batch.ranges)} committed range(s)"
+          " (the request widened to whole ranges):")
+    for r in batch.ranges:
+        print(f"  {r}")
+    summary = _execute(pipeline, batch, "preview" if args.dry_run else "commit")
     if args.dry_run:
         print(f"replay {summary['batch_id']} previewed, nothing committed; {len(summary['preview'])} group key(s)"
               " would change (before -> after):")
@@ -148,6 +160,29 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_quarantine(args) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    conn, _ = _services(pipeline)
+    try:
+        with store.transaction(conn) as cur:
+            rows = store.quarantined(cur, pipeline.name, args.last)
+    finally:
+        conn.close()
+    if not rows:
+        print(f"no quarantined records for pipeline {pipeline.name}")
+        return 0
+    print(tabulate(
+        [(r["topic"], r["partition"], r["offset"], r["batch_id"], r["value_bytes"], r["reason"][:80],
+          repr(r["value_start"])[:40]) for r in rows],
+        headers=["topic", "partition", "offset", "batch", "bytes", "reason", "value starts"], intalign="right",
+    ))
+    first = rows[-1]
+    print(f"\nAfter fixing the pipeline definition, re-process a record's range with a replay, e.g.:\n"
+          f"  kafka-batch replay --pipeline {pipeline.name} --topic {first['topic']} --partitions {first['partition']}"
+          f" --from {first['offset']} --until {first['offset'] + 1} --dry-run")
+    return 0
+
+
 def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
@@ -173,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
     p.add_argument("--pipeline", required=True)
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("quarantine", help="records the pipeline could not process, with their reasons")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--last", type=int, default=50, help="how many (newest batches first); default 50")
+    p.set_defaults(func=cmd_quarantine)
     p = sub.add_parser("replay", help="recompute committed ranges and swap their contributions (positions stay)")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--topic", required=True)
@@ -209,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     except KafkaBatchError as exc:  # one clear line for operators; tracebacks are for the job's log
         print(one_line(exc), file=sys.stderr)
         return exc.exit_code
+    except (psycopg2.Error, KafkaException) as exc:  # e.g. a connection dropped mid-command
+        print(one_line(ServiceError(f"{type(exc).__name__}: {exc}")), file=sys.stderr)
+        return ServiceError.exit_code
 
 
 if __name__ == "__main__":

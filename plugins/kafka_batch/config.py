@@ -41,6 +41,10 @@ class Limits:
     max_records_per_batch: int = 10_000_000
     max_records_per_task: int = 1_000_000
     min_tasks: int = 1
+    # Above this share of invalid records a batch fails instead of quarantining: a schema change
+    # upstream should stop the pipeline, not quarantine everything.
+    max_invalid_ratio: float = 0.1
+    max_value_bytes: int = 1_048_576  # a larger record value is invalid
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class Pipeline:
     plan_by: str = "offsets"  # or "time": a run reads up to the end of its data interval
     schedule: str | None = None
     on_data_loss: str = "fail"
+    on_invalid_record: str = "quarantine"  # or "fail": a record the pipeline cannot process stops the batch
     limits: Limits = field(default_factory=Limits)
     read: ReadSettings = field(default_factory=ReadSettings)
     connections: Connections = field(default_factory=Connections)
@@ -115,7 +120,7 @@ class Pipeline:
                               source=self.source)
 
 
-def _positive_ints(where: str, section: str, raw: Any, cls: type) -> Any:
+def _positive_numbers(where: str, section: str, raw: Any, cls: type) -> Any:
     raw = raw or {}
     if not isinstance(raw, dict):
         raise _fail(where, f"{section} must be a mapping")
@@ -126,6 +131,8 @@ def _positive_ints(where: str, section: str, raw: Any, cls: type) -> Any:
     for key, value in raw.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise _fail(where, f"{section}.{key} must be a positive number, got {value!r}")
+        if key.endswith("_ratio") and value > 1:
+            raise _fail(where, f"{section}.{key} is a share of records, between 0 and 1, got {value!r}")
     return cls(**raw)
 
 
@@ -206,7 +213,8 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     where = f"{name!r} ({source})" if name else source
     name = _identifier(where, "name", name)
     known = {
-        "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "limits", "read", "connections",
+        "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "on_invalid_record", "limits",
+        "read", "connections",
         "record", "sinks", "description",
     }
     if "aggregation" in raw:
@@ -226,6 +234,9 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     on_data_loss = raw.get("on_data_loss", "fail")
     if on_data_loss not in ("fail", "skip"):
         raise _fail(where, f"on_data_loss {on_data_loss!r} must be 'fail' or 'skip'")
+    on_invalid_record = raw.get("on_invalid_record", "quarantine")
+    if on_invalid_record not in ("quarantine", "fail"):
+        raise _fail(where, f"on_invalid_record {on_invalid_record!r} must be 'quarantine' or 'fail'")
 
     record = raw.get("record") or {}
     if record.get("format", "json") != "json":
@@ -272,8 +283,9 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         plan_by=plan_by,
         schedule=schedule,
         on_data_loss=on_data_loss,
-        limits=_positive_ints(where, "limits", raw.get("limits"), Limits),
-        read=_positive_ints(where, "read", raw.get("read"), ReadSettings),
+        on_invalid_record=on_invalid_record,
+        limits=_positive_numbers(where, "limits", raw.get("limits"), Limits),
+        read=_positive_numbers(where, "read", raw.get("read"), ReadSettings),
         connections=Connections(**connections),
         source=source,
         definition=raw,
@@ -302,26 +314,39 @@ def load_pipeline_file(path: Path) -> Pipeline:
     return parse_pipeline(raw, source=str(path))
 
 
-def load_pipelines(directory: Path | None = None) -> dict[str, Pipeline]:
-    """All pipelines of a directory; names and target tables must be unique."""
+def load_pipelines(directory: Path | None = None, invalid: dict[str, str] | None = None) -> dict[str, Pipeline]:
+    """All pipelines of a directory; names and target tables must be unique.
+
+    With `invalid` (a dict), a file that fails costs only its own pipeline: its error is put there
+    under the file's path and the other pipelines load; without it, the first error is raised.
+    """
     directory = directory or pipelines_dir()
     pipelines: dict[str, Pipeline] = {}
     tables: dict[str, str] = {}
     for path in sorted(directory.glob("*.y*ml")):
-        pipeline = load_pipeline_file(path)
-        if pipeline.name in pipelines:
-            raise InputError(f"pipeline {pipeline.name!r} is defined twice: {pipelines[pipeline.name].source} and {path}")
-        for table in pipeline.tables:
-            if table in tables:
-                raise InputError(f"pipelines {tables[table]!r} and {pipeline.name!r} both write table {table!r}")
-            tables[table] = pipeline.name
+        try:
+            pipeline = load_pipeline_file(path)
+            if pipeline.name in pipelines:
+                raise InputError(f"pipeline {pipeline.name!r} is defined twice: {pipelines[pipeline.name].source} and {path}")
+            clash = [t for t in pipeline.tables if t in tables]
+            if clash:
+                raise InputError(f"pipelines {tables[clash[0]]!r} and {pipeline.name!r} both write table {clash[0]!r}")
+        except InputError as exc:
+            if invalid is None:
+                raise
+            invalid[str(path)] = str(exc)
+            continue
+        tables.update(dict.fromkeys(pipeline.tables, pipeline.name))
         pipelines[pipeline.name] = pipeline
     return pipelines
 
 
 def load_pipeline(name: str, directory: Path | None = None) -> Pipeline:
-    pipelines = load_pipelines(directory)
+    """One pipeline by name; another pipeline's broken file does not stop it."""
+    invalid: dict[str, str] = {}
+    pipelines = load_pipelines(directory, invalid)
     if name not in pipelines:
         where = directory or pipelines_dir()
-        raise InputError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}")
+        broken = "".join(f"; invalid file {path}: {error}" for path, error in invalid.items())
+        raise InputError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}{broken}")
     return pipelines[name]

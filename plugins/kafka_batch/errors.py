@@ -30,14 +30,14 @@ class FencedAttempt(StateError):
     """A newer attempt (or a newer plan) owns the batch; this attempt must not commit."""
 
 
-class SourceError(KafkaBatchError):
-    """Kafka refused or did not answer; often transient, so Airflow may retry."""
+class ServiceError(KafkaBatchError):
+    """Kafka or Postgres refused or did not answer; often transient, so Airflow may retry."""
 
     exit_code = 4
     retryable = True
 
 
-class DataLossError(SourceError):
+class DataLossError(ServiceError):
     """Records a batch needs are no longer in the log (retention overtook them): an operator decides."""
 
     exit_code = 5
@@ -47,7 +47,7 @@ class DataLossError(SourceError):
 # Messages of records a pipeline cannot process start with this (raised inside Spark, found by the job).
 INVALID_RECORD = "invalid record"
 
-KINDS = (InputError, StateError, SourceError, DataLossError)
+KINDS = (InputError, StateError, ServiceError, DataLossError)
 
 
 def from_exit_code(code: int, message: str) -> KafkaBatchError:
@@ -66,7 +66,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def _label(exc: KafkaBatchError) -> str:
-    for kind, label in ((DataLossError, "data loss"), (SourceError, "kafka error"), (StateError, "refused"),
+    for kind, label in ((DataLossError, "data loss"), (ServiceError, "unavailable"), (StateError, "refused"),
                         (InputError, "invalid input")):
         if isinstance(exc, kind):
             return label

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.core.ranges import OffsetRange
-from kafka_batch.errors import DataLossError, InputError, SourceError
+from kafka_batch.errors import DataLossError, InputError, ServiceError
 
 # Settings the reader relies on; a connection's extra cannot override them.
 _READER_REQUIRED = {
@@ -60,7 +60,7 @@ class KafkaOffsets:
         try:
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            raise SourceError(f"Kafka did not answer a metadata request within {self._timeout:.0f}s: "
+            raise ServiceError(f"Kafka did not answer a metadata request within {self._timeout:.0f}s: "
                               f"{exc.args[0].str() if exc.args else exc}") from None
         if pattern is not None:
             topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(pattern, t) and not t.startswith("__")))
@@ -72,7 +72,7 @@ class KafkaOffsets:
             if meta is None:
                 raise InputError(f"topic {topic!r} does not exist (known topics: {len(metadata.topics)})")
             if meta.error is not None:
-                raise SourceError(f"topic {topic!r}: {meta.error}")
+                raise ServiceError(f"topic {topic!r}: {meta.error}")
             found.extend((topic, p) for p in sorted(meta.partitions))
         return found
 
@@ -106,7 +106,7 @@ class KafkaOffsets:
             try:
                 result[(tp.topic, tp.partition)] = future.result().offset
             except KafkaException as exc:
-                raise SourceError(f"listing offsets of {tp.topic}[{tp.partition}] failed: {exc}") from exc
+                raise ServiceError(f"listing offsets of {tp.topic}[{tp.partition}] failed: {exc}") from exc
         return result
 
 
@@ -158,7 +158,7 @@ def read_range(
             if messages:
                 last_progress = time.monotonic()
             elif reached < r.until_offset and time.monotonic() - last_progress > stall_timeout:
-                raise SourceError(
+                raise ServiceError(
                     f"{r.topic}[{r.partition}]: no progress for {stall_timeout:.0f}s at offset {reached}, "
                     f"expected to read up to {r.until_offset} (range {r.from_offset}..{r.until_offset}); "
                     "is the broker reachable and the range below the last stable offset?"
@@ -171,4 +171,4 @@ def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:
     where = f"{r.topic}[{r.partition}] range {r.from_offset}..{r.until_offset} at offset {reached}"
     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         raise DataLossError(f"{where}: offset out of range, records were deleted before they were read ({error.str()})")
-    raise SourceError(f"{where}: {error.str()}")
+    raise ServiceError(f"{where}: {error.str()}")

@@ -139,3 +139,24 @@ def test_secrets_file_is_never_committed_and_the_example_names_every_variable():
                if line and not line.startswith("#")}
     used = set(re.findall(r"\$\{(\w+)", (PROJECT_ROOT / "docker-compose.yml").read_text()))
     assert used and used <= example, used - example
+
+
+def test_a_broken_pipeline_file_costs_only_its_own_pipeline(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from kafka_batch.config import load_pipeline
+
+    good = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
+    (tmp_path / "syntax.yaml").write_text("name: [unclosed\n")
+    (tmp_path / "unknown.yaml").write_text(yaml.safe_dump({**good, "name": "other", "colour": "blue"}))
+    monkeypatch.setenv("KAFKA_BATCH_PIPELINES_DIR", str(tmp_path))
+    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {"kafka_batch__page_views", "kafka_batch__page_views__replay",
+                                "kafka_batch__invalid__syntax", "kafka_batch__invalid__unknown"}
+    assert "not valid YAML" in bag.dags["kafka_batch__invalid__syntax"].description
+    assert "unknown key(s) ['colour']" in bag.dags["kafka_batch__invalid__unknown"].description
+    assert load_pipeline("page_views", tmp_path).name == "page_views"  # the CLI still runs the healthy one
+    with pytest.raises(Exception, match=r"unknown pipeline 'other'.*invalid file .*unknown.yaml"):
+        load_pipeline("other", tmp_path)

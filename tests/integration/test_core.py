@@ -18,7 +18,7 @@ from kafka_batch.core import planning, store
 from kafka_batch.core.commit import commit_batch, preview_replay, retire_ranges
 from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
-from kafka_batch.errors import FencedAttempt, StateError
+from kafka_batch.errors import FencedAttempt, InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.sinks.aggregate import AggregateSink
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
@@ -304,4 +304,66 @@ def test_a_retried_run_gets_the_same_plan(services):
     elsewhere = planning.plan_batch(conn, kafka, pipeline, run_id="run-2", dag_id="another_dag")
     assert elsewhere.id != newer.id
     assert planning.plan_batch(conn, kafka, pipeline, run_id="run-2").id == newer.id
+    conn.close()
+
+
+def test_quarantined_records_commit_with_the_batch_and_leave_with_their_range(services):
+    pipeline = new_pipeline("quarantine", partitions=0)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
+    attempt = store.claim_attempt(conn, batch.id)
+    [range_id] = [r.range_id for r in batch.ranges]
+    bad = pa.table({
+        "range_id": pa.array([range_id, range_id], pa.int64()), "topic": [topic, topic],
+        "partition": pa.array([0, 0], pa.int32()), "offset": pa.array([3, 8], pa.int64()),
+        "timestamp": pa.array([MINUTE, None], pa.timestamp("us", tz="UTC")), "key": [b"k\t1", None],
+        "value": [b"\x00not json\n", b"{}"], "value_bytes": pa.array([10, 2], pa.int32()),
+        "reason": ["not a JSON object", "tab\there, newline\nthere, backslash \\"],
+    })
+    output = _aggregate_output(batch, 2)
+    counts = {range_id: RangeCounts(2, 0, 2)}
+    commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": SinkOutput(counts, output.result)}, quarantined=bad)
+    rows = query('SELECT "offset", key, value, value_bytes, reason, batch_id, "timestamp" FROM kafka_batch.quarantine'
+                 " WHERE pipeline = %s ORDER BY 1", pipeline.name)
+    assert [(o, bytes(k) if k else None, bytes(v), n, r, b, t) for o, k, v, n, r, b, t in rows] == [
+        (3, b"k\t1", b"\x00not json\n", 10, "not a JSON object", batch.id, MINUTE),
+        (8, None, b"{}", 2, "tab\there, newline\nthere, backslash \\", batch.id, None)]
+    assert query("SELECT records_read, records_invalid FROM kafka_batch.batch_ranges WHERE id = %s", range_id) == [(2, 2)]
+    assert query("SELECT records_invalid FROM kafka_batch.batches WHERE id = %s", batch.id) == [(2,)]
+    with store.transaction(conn) as cur:
+        retire_ranges(cur, pipeline, list(batch.ranges), "test")  # a replay or rewind decides anew
+    assert query("SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %s", pipeline.name) == [(0,)]
+    conn.close()
+
+
+def test_status_never_waits_behind_a_running_commit(services):
+    """Reading status runs no DDL, so it does not queue behind the locks a commit holds."""
+    from kafka_batch.core import report
+
+    pipeline = new_pipeline("nowait", rows=True)
+    conn = store_connection()
+    planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id="r1")
+    committing = pg_connect()
+    committing.autocommit = False
+    with committing.cursor() as cur:  # what a commit holds: the pipeline row and rows of its tables
+        cur.execute("SELECT 1 FROM kafka_batch.pipelines WHERE name = %s FOR UPDATE", (pipeline.name,))
+        cur.execute(f"LOCK TABLE public.{sink_table(pipeline, 'aggregate')} IN ROW EXCLUSIVE MODE")
+        cur.execute(f"LOCK TABLE public.{sink_table(pipeline, 'rows')} IN ROW EXCLUSIVE MODE")
+        with store.transaction(conn) as reading:
+            reading.execute("SET lock_timeout = '2s'")  # the session waits 2 s at most, then fails
+        rows = report.status(conn, KafkaOffsets(kafka_config()), pipeline)
+    committing.rollback()
+    committing.close()
+    assert len(rows) == 3
+    conn.close()
+
+
+def test_an_unknown_topic_is_refused_before_anything_is_stored(services):
+    pipeline = new_pipeline("notopic", partitions=0)
+    conn = store_connection()
+    with pytest.raises(InputError, match=rf"topic '{pipeline.topics[0]}' does not exist"):
+        planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id="r1")
+    assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
+    assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
     conn.close()

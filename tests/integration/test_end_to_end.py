@@ -9,6 +9,7 @@ import json
 import os
 import random
 import subprocess
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy
@@ -18,41 +19,61 @@ from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch_dev import sample_data
 from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
+    ROWS_SINK,
     admin_client,
+    aggregate_table,
     batches_of,
     ground_truth,
     kafka_config,
+    merged,
     new_pipeline,
     pg_connect,
     positions,
     query,
+    records_by_partition,
+    rows_contents,
+    rows_truth,
     run_airflow,
     run_cli,
+    sink_table,
     table_contents,
+    update_pipeline,
 )
 
 pytestmark = pytest.mark.integration
+# The page-views aggregation for a definition whose duration_ms arrives as a string.
+DURATION_AS_TEXT_AGGREGATE = {
+    "group_by": {"page": {"expr": "page", "type": "text"},
+                 "minute": {"expr": "date_trunc('minute', timestamp)", "type": "timestamptz"}},
+    "measures": {"views": {"expr": "1", "type": "bigint"},
+                 "total_duration_ms": {"expr": "cast(duration_ms as bigint)", "type": "bigint"}},
+}
 
 
 def test_dag_runs_add_exactly_the_new_records(services):
     pipeline = new_pipeline("e2e")
     topic = pipeline.topics[0]
     produced = 0
+    poison: set[int] = set()
     for run, count in enumerate((3000, 0, 1700)):
         if count:
             sample_data.produce_page_views(kafka_config(), topic, count, seed=run)
             produced += count
+            poison.update(_produce(topic, [b"{not json"], partition=0))  # quarantined, the rest commits
         run_airflow("dags", "test", pipeline.dag_id)
-        truth = ground_truth(topic)
+        truth = ground_truth(topic, select=lambda p, o: p != 0 or o not in poison)
         assert sum(v for v, _ in truth.values()) == produced
         assert table_contents(pipeline) == truth, f"after run {run}"
+        assert query('SELECT "offset" FROM kafka_batch.quarantine WHERE pipeline = %s AND partition = 0'
+                     " ORDER BY 1", pipeline.name) == [(o,) for o in sorted(poison)]
 
     statuses = [b[2] for b in batches_of(pipeline.name)]
     assert statuses == ["committed", "empty", "committed"]
     conn = pg_connect()
     with conn.cursor() as cur:
-        cur.execute("SELECT sum(records_read) FROM kafka_batch.batches WHERE pipeline = %s", (pipeline.name,))
-        assert cur.fetchone()[0] == produced
+        cur.execute("SELECT sum(records_read), sum(records_invalid) FROM kafka_batch.batches WHERE pipeline = %s",
+                    (pipeline.name,))
+        assert cur.fetchone() == (produced, 2)
     conn.close()
 
     # The Postgres connection carries a password: it must not reach logs, XCom or rendered fields.
@@ -96,15 +117,27 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
     assert table_contents(pipeline) == ground_truth(pipeline.topics[0])
 
 
-def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
+def _produce(topic: str, values: list[bytes], partition: int = 0) -> list[int]:
+    """Produce raw values to one partition; returns their offsets."""
     from confluent_kafka import Producer
 
-    pipeline = new_pipeline("badrec", partitions=1)
+    offsets: list[int] = []
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for value in values:
+        producer.produce(topic, key="u", value=value, partition=partition,
+                         on_delivery=lambda err, msg: offsets.append(msg.offset()))
+    producer.flush(30)
+    return sorted(offsets)
+
+
+MISTYPED = b'{"user_id": "u", "page": "/x", "duration_ms": "12"}'
+
+
+def test_under_fail_an_invalid_record_fails_the_batch_and_commits_nothing(services):
+    pipeline = new_pipeline("badrec", partitions=1, on_invalid_record="fail")
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 50, seed=1)
-    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
-    producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/x", "duration_ms": "slow"}', partition=0)
-    producer.flush(30)
+    _produce(topic, [MISTYPED])
     sample_data.produce_page_views(kafka_config(), topic, 10, seed=2)
 
     result = run_cli("run", "--pipeline", pipeline.name, check=False)
@@ -117,6 +150,57 @@ def test_unparseable_record_fails_the_batch_and_commits_nothing(services):
     assert "duration_ms" in error
     assert positions(pipeline.name) == {(topic, 0): 0}  # where it begins; nothing committed
     assert table_contents(pipeline) == {}
+
+
+def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services):
+    pipeline = new_pipeline("poison", partitions=1, rows=True)
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 50, seed=1)
+    mistyped, garbage = _produce(topic, [MISTYPED, b"\xff not json"])
+    sample_data.produce_page_views(kafka_config(), topic, 10, seed=2)
+    poison = {mistyped, garbage}
+    clean = lambda p, o: o not in poison  # noqa: E731
+
+    result = run_cli("run", "--pipeline", pipeline.name)
+    assert "2 quarantined" in result.stdout
+    assert table_contents(pipeline) == ground_truth(topic, select=clean)
+    assert rows_contents(pipeline) == rows_truth(topic, select=clean)
+    assert positions(pipeline.name) == {(topic, 0): 62}  # the clean records after them committed too
+    quarantined = query('SELECT "offset", value_bytes, reason FROM kafka_batch.quarantine WHERE pipeline = %s'
+                        ' ORDER BY 1', pipeline.name)
+    assert [(o, n) for o, n, _ in quarantined] == [(mistyped, len(MISTYPED)), (garbage, len(b"\xff not json"))]
+    assert all("mistyped: " in reason for *_, reason in quarantined)
+    listed = run_cli("quarantine", "--pipeline", pipeline.name).stdout
+    assert f"--from {mistyped}" in listed and str(garbage) in listed
+
+    # The operator fixes the definition (duration_ms arrives as a string) and replays the range.
+    sinks = {"aggregate": {**DURATION_AS_TEXT_AGGREGATE, "table": aggregate_table(pipeline)},
+             "rows": {**ROWS_SINK, "table": sink_table(pipeline, "rows"),
+                      "columns": {**ROWS_SINK["columns"], "duration_ms": {"expr": "cast(duration_ms as bigint)",
+                                                                          "type": "bigint"}}}}
+    update_pipeline(pipeline.name, record={"fields": {"user_id": "string", "page": "string", "duration_ms": "string"}},
+                    sinks=sinks)
+    run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--from", str(mistyped), "--until",
+            str(mistyped + 1))
+    assert query('SELECT "offset" FROM kafka_batch.quarantine WHERE pipeline = %s', pipeline.name) == [(garbage,)]
+    [(_, timestamp_ms)] = [r for r in records_by_partition(topic)[0] if r[0] == mistyped]
+    minute = datetime.fromtimestamp(timestamp_ms // 60_000 * 60, tz=UTC)
+    assert table_contents(pipeline) == merged(ground_truth(topic, select=clean), {("/x", minute): (1, 12)})
+    assert rows_contents(pipeline)[(topic, 0, mistyped)][:3] == ("u", "/x", 12)
+    assert len(rows_contents(pipeline)) == 61
+
+
+def test_too_many_invalid_records_fail_the_batch_naming_the_first(services):
+    pipeline = new_pipeline("schema", partitions=1, limits={"max_invalid_ratio": 0.1})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 5, seed=1)
+    first, *_ = _produce(topic, [MISTYPED] * 5)
+    result = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "5 of 10 records are invalid (50.0%, over max_invalid_ratio 0.1)" in result.stderr
+    assert f"{topic}[0] at offset {first}: not a JSON object" in result.stderr
+    assert positions(pipeline.name) == {(topic, 0): 0}
+    assert query("SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %s", pipeline.name) == [(0,)]
 
 
 def _transactional_page_views(topic: str, transactions: int, size: int, seed: int) -> Producer:

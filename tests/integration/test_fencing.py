@@ -20,7 +20,9 @@ from tests.integration.test_core import _plan
 pytestmark = pytest.mark.integration
 
 
-def test_a_zombie_attempt_stops_early_when_a_newer_attempt_starts(services, spark):
+@pytest.mark.parametrize("fence", ["newer attempt", "superseded"])
+def test_a_zombie_attempt_stops_early_when_fenced(services, spark, fence):
+    """A newer attempt (an Airflow retry) or a newer plan (the batch superseded) stops a running attempt."""
     topic = f"zombie_{uuid.uuid4().hex[:8]}"
     create_topic(topic, 1)
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic})
@@ -53,13 +55,18 @@ def test_a_zombie_attempt_stops_early_when_a_newer_attempt_starts(services, spar
     while store.current_attempt(conn, batch.id)[0] != 1:
         time.sleep(0.2)
     time.sleep(3)  # the first attempt is reading
-    assert store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
+    if fence == "newer attempt":
+        assert store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
+        expected, status = "the batch is now attempt 2 (planned)", "planned"  # the newer attempt still owns it
+    else:
+        _plan(conn, pipeline, "r2", [OffsetRange(topic, 0, 0, 6)])  # a newer plan supersedes the batch
+        expected, status = "the batch is now attempt 1 (superseded)", "superseded"
     thread.join(timeout=120)
     producer.abort_transaction()
 
     assert isinstance(outcome["error"], FencedAttempt), outcome
-    assert "attempt 1 stopped early, the batch is now attempt 2 (planned)" in str(outcome["error"])
+    assert f"attempt 1 stopped early, {expected}" in str(outcome["error"])
     assert outcome["seconds"] < 60  # well before the 90 s stall timeout
-    assert [b[2] for b in batches_of(pipeline.name)] == ["planned"]  # the newer attempt still owns it
+    assert batches_of(pipeline.name)[0][2] == status
     assert positions(pipeline.name) == {(topic, 0): 0}
     conn.close()

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_batch.core.ranges import OffsetRange, PartitionState, plan_ranges
-from kafka_batch.errors import SourceError
+from kafka_batch.errors import ServiceError
 from kafka_batch.kafka_source import KafkaOffsets, read_range
 from tests.integration.helpers import create_topic, kafka_config
 
@@ -79,6 +79,6 @@ def test_ranges_on_markers_complete_without_hanging(transactional_topic, start, 
 def test_a_read_that_cannot_progress_fails_naming_where(transactional_topic):
     topic, _ = transactional_topic
     # Offset 9 is in the open transaction: a read_committed consumer cannot pass the last stable offset.
-    with pytest.raises(SourceError, match=rf"{topic}\[0\]: no progress for 3s at offset 9, expected to read up to 10"):
+    with pytest.raises(ServiceError, match=rf"{topic}\[0\]: no progress for 3s at offset 9, expected to read up to 10"):
         for _ in read_range(kafka_config(), OffsetRange(topic, 0, 0, 10), stall_timeout=3):
             pass

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
-from kafka_batch.config import PROJECT_ROOT, load_pipeline
+from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.reader import RECORD_SCHEMA
-from kafka_batch.spark.transform import parse_records
+from kafka_batch.spark.transform import invalid_records, parse_records
 
 pytestmark = pytest.mark.integration
 PIPELINE = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
@@ -22,12 +23,15 @@ def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
     return (range_id, "pv", 0, offset, timestamp, 0, b"k", body, None)
 
 
-def run(spark, rows):
+def run(spark, rows, pipeline=PIPELINE):
     """The aggregate sink's Spark side over parsed records: (contributions, counts per range)."""
     df = spark.createDataFrame(rows, RECORD_SCHEMA)
-    [aggregate] = PIPELINE.sinks
-    output = aggregate.compute(parse_records(df, PIPELINE), StageContext(1, 1, {}))
+    [aggregate] = pipeline.sinks
+    output = aggregate.compute(parse_records(df, pipeline), StageContext(1, 1, {}))
     return output.result, output.counts
+
+
+FAILING = replace(PIPELINE, on_invalid_record="fail")
 
 
 def test_aggregates_per_page_and_minute_and_counts_tombstones(spark):
@@ -58,7 +62,45 @@ def test_aggregates_per_page_and_minute_and_counts_tombstones(spark):
         ({"user_id": "a", "page": "/", "duration_ms": "slow"}, "duration_ms"),
     ],
 )
-def test_unparseable_record_is_named(spark, value, named):
+def test_under_fail_an_unparseable_record_is_named(spark, value, named):
     rows = [record(0, {"user_id": "a", "page": "/", "duration_ms": 1}), record(17, value)]
     with pytest.raises(Exception, match=rf"invalid record pv\[0\] at offset 17 \(pipeline page_views\): not a JSON object.*mistyped: {named}"):
-        run(spark, rows)
+        run(spark, rows, FAILING)
+
+
+def test_invalid_records_are_counted_left_out_and_given_a_reason(spark):
+    small = replace(PIPELINE, limits=replace(PIPELINE.limits, max_value_bytes=200))
+    oversized = {"user_id": "a", "page": "/" + "x" * 300, "duration_ms": 1}
+    rows = [
+        record(0, {"user_id": "a", "page": "/", "duration_ms": 5}),
+        record(1, b"not json"),
+        record(2, {"user_id": "a", "page": "/", "duration_ms": "slow"}),
+        record(3, oversized),
+        record(4, {"user_id": "a", "page": None, "duration_ms": 1}),
+        record(5, None),
+        record(6, {"user_id": "b", "page": "/", "duration_ms": 7}, range_id=2),
+    ]
+    contributions, counts = run(spark, rows, small)
+    assert {(r["range_id"], r["page"]): (r["views"], r["total_duration_ms"]) for r in contributions.to_pylist()} == {
+        (1, "/"): (1, 5), (2, "/"): (1, 7)}
+    assert (counts[1].records, counts[1].tombstones, counts[1].invalid) == (1, 1, 4)
+    assert (counts[2].records, counts[2].invalid) == (1, 0)
+    reasons = {r["offset"]: r["reason"] for r in
+               invalid_records(parse_records(spark.createDataFrame(rows, RECORD_SCHEMA), small)).toArrow().to_pylist()}
+    assert set(reasons) == {1, 2, 3, 4}
+    assert "mistyped: user_id, page, duration_ms" in reasons[1] and "mistyped: duration_ms" in reasons[2]
+    assert reasons[3] == f"value of {len(json.dumps(oversized))} bytes is over max_value_bytes 200"
+    assert "mistyped: page" in reasons[4]
+
+
+def test_a_null_group_key_is_invalid_for_the_aggregate(spark):
+    keyed = parse_pipeline({**PIPELINE.definition, "sinks": {"aggregate": {
+        **PIPELINE.definition["sinks"]["aggregate"],
+        "group_by": {"page": "page", "user": {"expr": "nullif(user_id, 'anonymous')", "type": "text"}}}}})
+    rows = [record(0, {"user_id": "a", "page": "/", "duration_ms": 5}),
+            record(1, {"user_id": "anonymous", "page": "/", "duration_ms": 5})]
+    _, counts = run(spark, rows, keyed)
+    assert (counts[1].records, counts[1].invalid) == (1, 1)
+    [reason] = [r["reason"] for r in invalid_records(
+        parse_records(spark.createDataFrame(rows, RECORD_SCHEMA), keyed)).toArrow().to_pylist()]
+    assert reason == "null key(s) aggregate.user"

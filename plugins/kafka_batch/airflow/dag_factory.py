@@ -111,6 +111,33 @@ def build_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def build_invalid_dag(path: str, error: str) -> DAG:
+    """Stands in for a pipeline whose file is invalid: visible, never scheduled, and it says why."""
+    import re
+    from pathlib import Path
+
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem)
+    with DAG(
+        dag_id=f"kafka_batch__invalid__{stem}",
+        description=f"INVALID pipeline file {Path(path).name}: {error}"[:500],
+        doc_md=f"The pipeline file `{path}` could not be loaded; fix it and this DAG becomes the pipeline's:\n\n"
+               f"```\n{error}\n```",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        default_args={"retries": 0},
+        tags=["kafka_batch", "invalid"],
+    ) as dag:
+
+        @task
+        def explain() -> None:
+            """Fails with the file's error (a trigger of this DAG cannot run the pipeline)."""
+            raise AirflowFailException(f"pipeline file {path} is invalid: {error}")
+
+        explain()
+    return dag
+
+
 def _schedule(pipeline: Pipeline):
     """Pipelines planned by time need real data intervals: [previous tick, this tick)."""
     if pipeline.plan_by != "time":
@@ -214,8 +241,8 @@ def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> No
             result = batch_report(conn, kafka, pipeline, summary["batch_id"])
         finally:
             conn.close()
-        log.info("%s %s %s: %s records, lag now %s", result["kind"], result["batch_id"], result["status"],
-                 result["records_read"], result["lag"])
+        log.info("%s %s %s: %s records, %s quarantined, lag now %s", result["kind"], result["batch_id"],
+                 result["status"], result["records_read"], result["records_invalid"] or 0, result["lag"])
         for p in result["partitions"]:
             log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
                      p["last_stable"], p["lag"])

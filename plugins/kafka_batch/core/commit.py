@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from kafka_batch.config import Pipeline
 from kafka_batch.core import store
 from kafka_batch.core.ranges import OffsetRange
@@ -68,9 +70,9 @@ def _check_outputs(pipeline: Pipeline, outputs: Mapping[str, SinkOutput]) -> Non
 
 def commit_batch(
     conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
-    read_tasks: int | None = None,
+    read_tasks: int | None = None, quarantined: pa.Table | None = None,
 ) -> CommitResult:
-    """Commit one attempt of a batch. A batch already committed is a no-op success."""
+    """Commit one attempt of a batch (with the records it quarantined). Committed already: a no-op success."""
     _check_outputs(pipeline, outputs)
     with transaction(conn) as cur:
         batch = store.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
@@ -83,12 +85,12 @@ def commit_batch(
             for r in batch.ranges:
                 store.move_position(cur, pipeline.name, batch_id, r)
         rows = sum(sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks)
+        if quarantined is not None:
+            store.quarantine(cur, pipeline.name, batch_id, quarantined)
         store.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
         store.record_data_loss(cur, pipeline.name, batch_id)
-        records = sum(c.records for c in counts.values())
-        store.finish(cur, batch, BatchStatus.COMMITTED, records=records,
-                     tombstones=sum(c.tombstones for c in counts.values()), read_tasks=read_tasks)
-    return CommitResult(batch_id, False, records, rows)
+        store.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
+    return CommitResult(batch_id, False, sum(c.records for c in counts.values()), rows)
 
 
 def preview_replay(
@@ -107,6 +109,5 @@ def preview_replay(
         counts = _counts(batch, outputs)
         replaced = [r for r, _ in store.replaced_ranges(cur, batch_id)]
         changed = sum(sink.preview(cur, batch_id, replaced, outputs[sink.kind].result) for sink in pipeline.sinks)
-        store.finish(cur, batch, BatchStatus.PREVIEWED, records=sum(c.records for c in counts.values()),
-                     tombstones=sum(c.tombstones for c in counts.values()), read_tasks=read_tasks)
+        store.finish(cur, batch, BatchStatus.PREVIEWED, counts, read_tasks)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), changed)

@@ -72,7 +72,7 @@ def next_ranges(states: list[PartitionState], pipeline: Pipeline) -> list[Offset
 
 def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
     """What the next batch would read, and the lag; nothing is stored (not even initial positions)."""
-    prepare(conn, pipeline)
+    store.apply_migrations(conn)
     view = ask_kafka(conn, kafka, pipeline)
     with transaction(conn) as cur:
         states, _ = partition_states(cur, pipeline, view)
@@ -91,15 +91,17 @@ def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: C
                plan: Callable[[object, object], Batch]) -> Batch:
     """The batch of a run: the persisted one if the run planned before (a retry), else `plan(cur, asked)`.
 
-    `ask` (the Kafka questions) runs outside any transaction; planning then holds the pipeline's
-    lock, so concurrent runs plan one after the other from fresh positions.
+    `ask` (the Kafka questions) runs outside any transaction and before the pipeline is registered,
+    so an unknown topic changes nothing; planning then holds the pipeline's lock, so concurrent runs
+    plan one after the other from fresh positions.
     """
-    prepare(conn, pipeline)
+    store.apply_migrations(conn)
     with transaction(conn) as cur:
         existing = store.find_batch(cur, pipeline.name, dag_id, run_id)
     if existing is not None:
         return existing
     asked = ask()
+    store.ensure_pipeline(conn, pipeline)
     with transaction(conn) as cur:
         store.lock_pipeline(cur, pipeline.name)
         existing = store.find_batch(cur, pipeline.name, dag_id, run_id)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from kafka_batch.config import Pipeline
 from kafka_batch.core import store
-from kafka_batch.core.planning import ask_kafka, partition_states, prepare
+from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.core.state import BatchStatus
 from kafka_batch.core.store import transaction
 from kafka_batch.kafka_source import KafkaOffsets
@@ -28,7 +28,7 @@ class PartitionStatus:
 
 def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatus]:
     """Per partition: committed position, last stable offset, lag and the batch that last moved it."""
-    prepare(conn, pipeline)
+    store.apply_migrations(conn)
     view = ask_kafka(conn, kafka, pipeline)
     with transaction(conn) as cur:
         states, _ = partition_states(cur, pipeline, view)

@@ -8,18 +8,21 @@ so those changes are serialized per pipeline whatever Airflow runs concurrently.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psycopg2
+import pyarrow as pa
 
 from kafka_batch.config import PROJECT_ROOT, Pipeline, from_snapshot
 from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.core.state import RUNNABLE, BatchStatus, check, sources
-from kafka_batch.errors import FencedAttempt, StateError
+from kafka_batch.errors import FencedAttempt, InputError, ServiceError, StateError
 
 BATCH_KINDS = ("batch", "replay")  # a replay recomputes committed ranges and never moves a position
 
@@ -28,8 +31,29 @@ def sql_dir() -> Path:
     return Path(os.environ.get("KAFKA_BATCH_SQL_DIR", PROJECT_ROOT / "sql"))
 
 
+# What the guarantee needs from every session, set by the project rather than assumed. A dead job must
+# not hold row locks, and nothing waits forever; the connection's `options` extra may override these.
+SESSION_SETTINGS = {
+    "synchronous_commit": "on",
+    "default_transaction_isolation": "read committed",  # the commit relies on row locks and compare-and-set
+    "lock_timeout": "60s",
+    "idle_in_transaction_session_timeout": "10min",
+    "statement_timeout": "30min",
+}
+
+
 def connect(params: dict) -> psycopg2.extensions.connection:
-    return psycopg2.connect(**params)
+    """A session with SESSION_SETTINGS; a refused or unreachable server is one clear error."""
+    ours = " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
+    params = {**params, "options": f"{ours} {params.get('options', '')}".strip()}
+    try:
+        return psycopg2.connect(**params)
+    except psycopg2.OperationalError as exc:
+        where = f"Postgres at {params.get('host')}:{params.get('port', 5432)} (database {params.get('dbname')})"
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if any(word in reason for word in ("authentication failed", "does not exist", "no password", "role")):
+            raise InputError(f"{where} refused the connection: {reason}") from None
+        raise ServiceError(f"{where} did not answer: {reason}") from None
 
 
 @contextmanager
@@ -40,8 +64,21 @@ def transaction(conn) -> Iterator:
             yield cur
 
 
+def _pending_migrations(conn) -> bool:
+    """Whether any sql/NNN_*.sql file is not applied yet: a read, no DDL and no lock."""
+    files = {path.name for path in sql_dir().glob("[0-9][0-9][0-9]_*.sql")}
+    with transaction(conn) as cur:
+        cur.execute("SELECT to_regclass('public.kafka_batch_migrations') IS NOT NULL")
+        if not cur.fetchone()[0]:
+            return True
+        cur.execute("SELECT version FROM public.kafka_batch_migrations")
+        return bool(files - {row[0] for row in cur.fetchall()})
+
+
 def apply_migrations(conn) -> list[str]:
     """Apply sql/NNN_*.sql files not applied yet, each once, under an advisory lock."""
+    if not _pending_migrations(conn):
+        return []
     applied = []
     with transaction(conn) as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('kafka_batch.migrations'))")
@@ -61,9 +98,14 @@ def apply_migrations(conn) -> list[str]:
 
 
 def ensure_pipeline(conn, pipeline: Pipeline) -> None:
-    """Register the pipeline and create its sinks' tables (each sink refuses tables that differ)."""
+    """Register the pipeline and create its sinks' tables (each sink refuses tables that differ).
+
+    Tables that already exist are only checked: no DDL, so this never waits behind a running commit.
+    """
     with transaction(conn) as cur:
-        cur.execute("INSERT INTO kafka_batch.pipelines (name) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline.name,))
+        cur.execute("SELECT 1 FROM kafka_batch.pipelines WHERE name = %s", (pipeline.name,))
+        if cur.fetchone() is None:
+            cur.execute("INSERT INTO kafka_batch.pipelines (name) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline.name,))
         for sink in pipeline.sinks:
             sink.create(cur, pipeline.name)
 
@@ -149,6 +191,7 @@ class Batch:
     error: str | None = None
     kind: str = "batch"
     definition_hash: str | None = None
+    records_invalid: int | None = None
 
     @property
     def span(self) -> int:
@@ -167,12 +210,12 @@ class Batch:
                 {"topic": r.topic, "partition": r.partition, "from_offset": r.from_offset, "until_offset": r.until_offset}
                 for r in self.ranges
             ],
-            "offsets_planned": self.span, "records_read": self.records_read,
+            "offsets_planned": self.span, "records_read": self.records_read, "records_invalid": self.records_invalid,
         }
 
 
 _SELECT_BATCH = (
-    "SELECT id, pipeline, run_id, status, attempt, records_read, error, kind, definition_hash"
+    "SELECT id, pipeline, run_id, status, attempt, records_read, error, kind, definition_hash, records_invalid"
     " FROM kafka_batch.batches WHERE "
 )
 _RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until"
@@ -181,14 +224,14 @@ _RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until"
 def _batch(cur, row) -> Batch | None:
     if row is None:
         return None
-    batch_id, pipeline, run_id, status, attempt, records_read, error, kind, definition_hash = row
+    batch_id, pipeline, run_id, status, attempt, records_read, error, kind, definition_hash, records_invalid = row
     cur.execute(
         f"SELECT {_RANGE_COLUMNS} FROM kafka_batch.batch_ranges WHERE batch_id = %s ORDER BY topic, partition, from_offset",
         (batch_id,),
     )
     ranges = tuple(OffsetRange(*r) for r in cur.fetchall())
     return Batch(batch_id, pipeline, run_id, BatchStatus(status), attempt, ranges, records_read, error, kind,
-                 definition_hash)
+                 definition_hash, records_invalid)
 
 
 def select_batch(cur, batch_id: int, *, lock: bool = False) -> Batch | None:
@@ -317,14 +360,15 @@ def lock_current_attempt(cur, pipeline_name: str, batch_id: int, attempt: int) -
     return batch
 
 
-def finish(cur, batch: Batch, new: BatchStatus, *, records: int | None = None, tombstones: int | None = None,
-           read_tasks: int | None = None) -> None:
+def finish(cur, batch: Batch, new: BatchStatus, counts: dict, read_tasks: int | None = None) -> None:
     """The commit's (or preview's) last step: the batch's final status and counts, under its lock."""
     check(batch.id, batch.status, new)
     set_status(cur, batch.id, new, attempt=batch.attempt)
     cur.execute(
-        "UPDATE kafka_batch.batches SET records_read = %s, records_tombstone = %s, read_tasks = %s WHERE id = %s",
-        (records, tombstones, read_tasks, batch.id),
+        "UPDATE kafka_batch.batches SET records_read = %s, records_tombstone = %s, records_invalid = %s,"
+        " read_tasks = %s WHERE id = %s",
+        (sum(c.records for c in counts.values()), sum(c.tombstones for c in counts.values()),
+         sum(c.invalid for c in counts.values()), read_tasks, batch.id),
     )
 
 
@@ -350,19 +394,67 @@ def replaced_ranges(cur, batch_id: int, *, lock: bool = False) -> list[tuple[Off
 
 
 def retire(cur, range_ids: list[int], retired_by: str) -> None:
-    """Committed ranges leave the live ledger; their rows stay, marked why."""
+    """Committed ranges leave the live ledger (their rows stay, marked why) and the quarantine."""
     cur.execute(
         "UPDATE kafka_batch.batch_ranges SET retired_at = now(), retired_by = %s WHERE id = ANY(%s)",
         (retired_by, range_ids),
     )
+    cur.execute("DELETE FROM kafka_batch.quarantine WHERE range_id = ANY(%s)", (range_ids,))
+
+
+def quarantine(cur, pipeline_name: str, batch_id: int, records: pa.Table) -> int:
+    """Inside the commit: the batch's invalid records, with their reasons (COPY, not row by row)."""
+    if records.num_rows == 0:
+        return 0
+    columns = ["range_id", "offset", "topic", "partition", "timestamp", "key", "value", "value_bytes", "reason"]
+    cur.execute("CREATE TEMP TABLE quarantine_stage ON COMMIT DROP AS"
+                " SELECT range_id, \"offset\", topic, partition, \"timestamp\", key, value, value_bytes, reason"
+                " FROM kafka_batch.quarantine WITH NO DATA")
+    buffer = io.BytesIO()
+    for row in records.select(columns).to_pylist():  # bounded by max_invalid_ratio; bytea needs escaping
+        buffer.write(("\t".join(_copy_text(row[c]) for c in columns) + "\n").encode())
+    buffer.seek(0)
+    cur.copy_expert("COPY quarantine_stage FROM STDIN", buffer)
+    cur.execute(
+        "INSERT INTO kafka_batch.quarantine (range_id, \"offset\", pipeline, batch_id, topic, partition,"
+        " \"timestamp\", key, value, value_bytes, reason) SELECT range_id, \"offset\", %s, %s, topic, partition,"
+        " \"timestamp\", key, value, value_bytes, reason FROM quarantine_stage",
+        (pipeline_name, batch_id),
+    )
+    cur.execute("DROP TABLE quarantine_stage")
+    return records.num_rows
+
+
+def quarantined(cur, pipeline_name: str, limit: int) -> list[dict]:
+    """The newest quarantined records of a pipeline (live ranges only: a replay or rewind removed the rest)."""
+    cur.execute(
+        "SELECT topic, partition, \"offset\", batch_id, \"timestamp\", value_bytes, reason,"
+        " encode(substring(value from 1 for 60), 'escape') FROM kafka_batch.quarantine"
+        " WHERE pipeline = %s ORDER BY batch_id DESC, topic, partition, \"offset\" LIMIT %s",
+        (pipeline_name, limit),
+    )
+    names = ("topic", "partition", "offset", "batch_id", "timestamp", "value_bytes", "reason", "value_start")
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _copy_text(value) -> str:
+    """A value in COPY's text format: \\N for null, bytea as hex, tabs and newlines escaped."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        return "\\\\x" + value.hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def record_range_counts(cur, counts: dict) -> None:
-    """Per range id, the records and tombstones it held (objects with `records` and `tombstones`)."""
+    """Per range id, what it held (objects with `records`, `tombstones` and `invalid`)."""
     for range_id, c in counts.items():
         cur.execute(
-            "UPDATE kafka_batch.batch_ranges SET records_read = %s, records_tombstone = %s WHERE id = %s",
-            (c.records, c.tombstones, range_id),
+            "UPDATE kafka_batch.batch_ranges SET records_read = %s, records_tombstone = %s, records_invalid = %s"
+            " WHERE id = %s",
+            (c.records, c.tombstones, c.invalid, range_id),
         )
 
 

@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 from psycopg2 import sql
 
 from kafka_batch.core.ranges import OffsetRange
-from kafka_batch.errors import INVALID_RECORD
 from kafka_batch.sinks.base import (
     COLUMN_TYPES,
     Column,
@@ -65,6 +64,10 @@ class AggregateSink(Sink):
         return cls(table, group_by, measures)
 
     @property
+    def required_columns(self) -> tuple[Column, ...]:
+        return self.group_by
+
+    @property
     def keys(self) -> list[str]:
         return [c.name for c in self.group_by]
 
@@ -86,8 +89,10 @@ class AggregateSink(Sink):
 
     def create(self, cur, pipeline_name: str) -> None:
         columns = [(c.name, c.catalog_type) for c in self.group_by + self.measures]
-        require_columns(cur, pipeline_name, "public", self.table, columns)
-        require_columns(cur, pipeline_name, SCHEMA, self.contributions_name, [("range_id", "bigint"), *columns])
+        exist = [require_columns(cur, pipeline_name, "public", self.table, columns),
+                 require_columns(cur, pipeline_name, SCHEMA, self.contributions_name, [("range_id", "bigint"), *columns])]
+        if all(exist):
+            return
         defs = sql.SQL(", ").join(
             sql.SQL("{} {} NOT NULL").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in self.group_by + self.measures
         )
@@ -108,23 +113,20 @@ class AggregateSink(Sink):
         """One Spark pass: per (range, group key) the measures, records and tombstones; then to the driver."""
         from pyspark.sql import functions as F
 
-        keys = [F.expr(c.expr).cast(c.spark_type).alias(f"__key_{c.name}") for c in self.group_by]
-        measures = [F.expr(c.expr).cast(MEASURE_TYPES[c.type]).alias(f"__measure_{c.name}") for c in self.measures]
-        projected = records.select("range_id", "topic", "partition", "offset", "_tombstone", *keys, *measures)
-        null_keys = F.concat_ws(", ", *[F.when(F.col(f"__key_{c.name}").isNull(), F.lit(c.name)) for c in self.group_by])
-        rejected = F.raise_error(F.format_string(
-            f"{INVALID_RECORD} %s[%d] at offset %d cannot be aggregated into %s: group key(s) %s are null",
-            F.col("topic"), F.col("partition"), F.col("offset"), F.lit(self.table), null_keys,
-        ))
-        counted = F.when(F.col("_tombstone"), F.lit(0)).when(F.length(null_keys) > 0, rejected).otherwise(F.lit(1))
+        valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
+        # Tombstones and invalid records form a group of null keys with no records: counted, not contributions.
+        keys = [F.when(valid, F.expr(c.expr).cast(c.spark_type)).alias(f"__key_{c.name}") for c in self.group_by]
+        measures = [F.when(valid, F.expr(c.expr).cast(MEASURE_TYPES[c.type])).alias(f"__measure_{c.name}")
+                    for c in self.measures]
         result = (
-            projected.withColumn("_record", counted.cast("long"))
+            records.select("range_id", valid.alias("_valid"), "_tombstone", "_invalid", *keys, *measures)
             .groupBy("range_id", *[F.col(f"__key_{c.name}").alias(c.name) for c in self.group_by])
             .agg(
                 *[F.coalesce(F.sum(f"__measure_{c.name}"), F.lit(0)).cast(MEASURE_TYPES[c.type]).alias(c.name)
                   for c in self.measures],
-                F.sum("_record").alias("records"),
+                F.sum(F.col("_valid").cast("long")).alias("records"),
                 F.sum(F.col("_tombstone").cast("long")).alias("tombstones"),
+                F.sum(F.col("_invalid").isNotNull().cast("long")).alias("invalid"),
             )
         ).toArrow()
         return SinkOutput(range_counts(result), contributions(result, self.keys + self.measure_names))
@@ -219,10 +221,11 @@ class AggregateSink(Sink):
 
 
 def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
-    """Per range: records and tombstones, from rows that carry `range_id`, `records`, `tombstones`."""
-    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum")])
+    """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
+    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum"), ("invalid", "sum")])
     return {
-        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0) for row in totals.to_pylist()
+        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0, row["invalid_sum"] or 0)
+        for row in totals.to_pylist()
     }
 
 

@@ -62,8 +62,9 @@ class Column:
 
 @dataclass(frozen=True)
 class RangeCounts:
-    records: int = 0
-    tombstones: int = 0
+    records: int = 0     # processed by the sinks
+    tombstones: int = 0  # null values: counted, never processed
+    invalid: int = 0     # quarantined (see kafka_batch.spark.transform)
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,11 @@ def copy_arrow(cur, table: sql.Composable, data: pa.Table | pa.RecordBatch) -> N
     cur.copy_expert(statement.as_string(cur), buffer)
 
 
-def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: list[tuple[str, str]]) -> None:
-    """Refuse a table that exists with other columns than the definition gives, saying how to migrate."""
+def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: list[tuple[str, str]]) -> bool:
+    """Refuse a table that exists with other columns than the definition gives, saying how to migrate.
+
+    Returns whether the table exists (so DDL, which waits behind running commits, runs only when needed).
+    """
     cur.execute(
         "SELECT column_name, data_type FROM information_schema.columns"
         " WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
@@ -166,6 +170,7 @@ def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: 
             f"gives {expected}. Migrate it first (ALTER TABLE to the new columns, or rename it and let the pipeline "
             "create a new one, then replay the committed ranges into it), or point the sink at a new table"
         )
+    return bool(existing)
 
 
 def ranges_table(ranges: Sequence[OffsetRange]) -> tuple[str, tuple]:
@@ -190,6 +195,11 @@ class Sink(ABC):
         """Validate the sink's section of a pipeline definition."""
 
     @property
+    def required_columns(self) -> tuple[Column, ...]:
+        """Columns that must not be null for this sink: a record where one is null is invalid."""
+        return ()
+
+    @property
     def tables(self) -> tuple[str, ...]:
         """The public tables this sink writes (two pipelines may not share one)."""
         return (self.table,)
@@ -200,7 +210,10 @@ class Sink(ABC):
 
     @abstractmethod
     def compute(self, records: DataFrame, stage: StageContext) -> SinkOutput:
-        """Spark side: the batch's parsed records -> counts and a result for `apply` (driver-sized)."""
+        """Spark side: the batch's parsed records -> counts and a result for `apply` (driver-sized).
+
+        Records carry `_tombstone` and `_invalid` (a reason, or null); only records with neither
+        enter the output, and every one is counted per range."""
 
     @abstractmethod
     def apply(self, cur, result: Any) -> int:

@@ -70,7 +70,8 @@ class RowsSink(Sink):
 
     def create(self, cur, pipeline_name: str) -> None:
         expected = [(n, t) for n, t in _KEY_TYPES] + [(c.name, c.catalog_type) for c in self.columns]
-        base.require_columns(cur, pipeline_name, "public", self.table, expected)
+        if base.require_columns(cur, pipeline_name, "public", self.table, expected):
+            return
         defs = sql.SQL(", ").join(
             [sql.SQL("{} {} NOT NULL").format(sql.Identifier(n), sql.SQL(t)) for n, t in _KEY_TYPES]
             + [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type)) for c in self.columns]
@@ -91,17 +92,18 @@ class RowsSink(Sink):
         finally:
             conn.close()
         projected = records.select(
-            "range_id", "_tombstone",
+            "range_id", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
             F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
             F.col("offset").alias("kafka_offset"),
             *[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.columns],
         )
         written = projected.mapInArrow(
             stage_rows(stage.postgres, name, self.column_names),
-            "range_id long, records long, tombstones long",
+            "range_id long, records long, tombstones long, invalid long",
         ).toArrow()
-        totals = written.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum")]).to_pylist()
-        counts = {t["range_id"]: RangeCounts(t["records_sum"], t["tombstones_sum"]) for t in totals}
+        totals = written.group_by("range_id").aggregate([(c, "sum") for c in ("records", "tombstones", "invalid")])
+        counts = {t["range_id"]: RangeCounts(t["records_sum"], t["tombstones_sum"], t["invalid_sum"])
+                  for t in totals.to_pylist()}
         return SinkOutput(counts, StagedRows(name, sum(c.records for c in counts.values())))
 
     def apply(self, cur, result: StagedRows) -> int:
@@ -175,8 +177,7 @@ def stage_rows(postgres: dict, table: str, columns: list[str]):
 
         context = TaskContext.get()
         retry = context is not None and context.attemptNumber() > 0
-        counts: Counter = Counter()
-        tombstones: Counter = Counter()
+        counts = {"records": Counter(), "tombstones": Counter(), "invalid": Counter()}
         target = sql.Identifier(STAGE_SCHEMA, table)
         conn = psycopg2.connect(**postgres)
         try:
@@ -186,12 +187,13 @@ def stage_rows(postgres: dict, table: str, columns: list[str]):
                                 .format(target))
                 into = sql.Identifier("task_rows") if retry else target
                 for batch in batches:
-                    is_tombstone = batch.column("_tombstone")
-                    for range_id, n in zip(*_count_by(batch.column("range_id"), is_tombstone), strict=True):
-                        tombstones[range_id] += n
-                    rows = batch.filter(pc.invert(is_tombstone))
-                    for range_id, n in zip(*_count_by(rows.column("range_id"), None), strict=True):
-                        counts[range_id] += n
+                    skipped = pc.or_(batch.column("_tombstone"), batch.column("_invalid"))
+                    masks = {"tombstones": batch.column("_tombstone"), "invalid": batch.column("_invalid"),
+                             "records": pc.invert(skipped)}
+                    for what, mask in masks.items():
+                        for range_id, n in zip(*_count_by(batch.column("range_id"), mask), strict=True):
+                            counts[what][range_id] += n
+                    rows = batch.filter(masks["records"])
                     if rows.num_rows:
                         base.copy_arrow(cur, into, rows.select(columns))
                 if retry:
@@ -200,20 +202,18 @@ def stage_rows(postgres: dict, table: str, columns: list[str]):
                     ).format(t=target, match=base.same(KEY, "s", "n")))
         finally:
             conn.close()
-        range_ids = sorted(set(counts) | set(tombstones))
+        range_ids = sorted(set().union(*counts.values()))
         yield pa.RecordBatch.from_pydict({
             "range_id": pa.array(range_ids, pa.int64()),
-            "records": pa.array([counts[r] for r in range_ids], pa.int64()),
-            "tombstones": pa.array([tombstones[r] for r in range_ids], pa.int64()),
+            **{what: pa.array([c[r] for r in range_ids], pa.int64()) for what, c in counts.items()},
         })
 
     return write
 
 
-def _count_by(range_ids: pa.Array, mask: pa.Array | None) -> tuple[list[int], list[int]]:
-    """(range ids, how many rows of each), over the rows where `mask` is true (all rows without one)."""
-    if mask is not None:
-        range_ids = range_ids.filter(mask)
+def _count_by(range_ids: pa.Array, mask: pa.Array) -> tuple[list[int], list[int]]:
+    """(range ids, how many rows of each), over the rows where `mask` is true."""
+    range_ids = range_ids.filter(mask)
     if len(range_ids) == 0:
         return [], []
     counted = pc.value_counts(range_ids)

@@ -12,6 +12,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from kafka_batch import connections
 from kafka_batch.config import Pipeline
 from kafka_batch.core import store
@@ -21,7 +23,7 @@ from kafka_batch.errors import INVALID_RECORD, FencedAttempt, InputError, KafkaB
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.reader import read_ranges
-from kafka_batch.spark.transform import parse_records
+from kafka_batch.spark.transform import invalid_records, parse_records
 
 log = logging.getLogger("kafka_batch.job")
 
@@ -116,7 +118,7 @@ def run_batch(
     log.info("batch %s attempt %s: %d ranges, %d offsets (definition %s)", batch_id, attempt, len(batch.ranges),
              batch.span, batch.definition_hash[:12])
     try:
-        outputs, read_tasks = _compute(spark, pipeline, postgres, kafka, batch, attempt)
+        outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, batch, attempt)
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         conn = store.connect(postgres)
         try:
@@ -124,13 +126,14 @@ def run_batch(
                 result = preview_replay(conn, pipeline, batch_id, attempt, outputs, read_tasks)
                 log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
                 return result
-            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks)
+            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined)
         finally:
             conn.close()
     except Exception as exc:
         _record_failure(postgres, pipeline, batch_id, attempt, exc)
         raise
-    log.info("batch %s committed: %d records, %d rows written", batch_id, result.records, result.rows_written)
+    log.info("batch %s committed: %d records, %d rows written, %d quarantined", batch_id, result.records,
+             result.rows_written, 0 if quarantined is None else quarantined.num_rows)
     _discard_staging(postgres, pipeline, batch_id, None)  # committed: no attempt of it can commit any more
     return result
 
@@ -154,6 +157,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     with _FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch:
         try:
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
+            quarantined = _quarantine(records, pipeline, batch, next(iter(outputs.values())).counts)
         except Exception as exc:
             if watch.fenced_by is not None:
                 raise FencedAttempt(
@@ -165,7 +169,26 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
             raise
         finally:
             records.unpersist()
-    return outputs, read_tasks
+    return outputs, read_tasks, quarantined
+
+
+def _quarantine(records, pipeline: Pipeline, batch: store.Batch, counts: dict) -> pa.Table | None:
+    """The invalid records to quarantine, read again only when the sinks counted some; too many of
+    them (over max_invalid_ratio) fail the batch, naming the first ones."""
+    invalid = sum(c.invalid for c in counts.values())
+    if not invalid:
+        return None
+    rows = invalid_records(records).orderBy("topic", "partition", "offset").toArrow()
+    seen = sum(c.records + c.invalid for c in counts.values())
+    limit = pipeline.limits.max_invalid_ratio
+    if invalid / seen > limit:
+        first = "; ".join(f"{r['topic']}[{r['partition']}] at offset {r['offset']}: {r['reason']}"
+                          for r in rows.slice(0, 3).to_pylist())
+        raise InputError(
+            f"batch {batch.id}: {invalid} of {seen} records are invalid ({invalid / seen:.1%}, over max_invalid_ratio"
+            f" {limit:g}); a schema change upstream? Nothing was committed. First: {first}"
+        )
+    return rows
 
 
 def _record_failure(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: int, exc: Exception) -> None:

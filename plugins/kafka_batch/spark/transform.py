@@ -1,37 +1,69 @@
 """Records -> parsed records: the pipeline's JSON fields next to the record's metadata, validated.
 
-Every sink computes from this one DataFrame. Tombstones (null values) stay, flagged `_tombstone`,
-so sinks can count them; a record that is not a JSON object with the declared fields stops the batch
-with raise_error naming its topic, partition and offset. Pure DataFrame -> DataFrame: tested on a
-local session.
+Every sink computes from this one DataFrame. Tombstones (null values) stay, flagged `_tombstone`, so
+sinks can count them. A record the pipeline cannot process (a value over `max_value_bytes`, not a
+JSON object with the declared fields, or a null where a sink needs a key) gets its reason in
+`_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
+such a record stops the batch instead, with raise_error naming its topic, partition and offset.
+Pure DataFrame -> DataFrame: tested on a local session.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import INVALID_RECORD
 
 METADATA = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value")
+# What a quarantine row keeps of a record (its value is cut to QUARANTINE_KEEP_BYTES; the length is kept).
+QUARANTINE_COLUMNS = ("range_id", "topic", "partition", "offset", "timestamp", "key", "value", "value_bytes", "reason")
+QUARANTINE_KEEP_BYTES = 65_536
 
 
 def _json_schema(pipeline: Pipeline) -> str:
     return ", ".join(f"`{name}` {ftype}" for name, ftype in pipeline.fields.items())
 
 
+def _reason(pipeline: Pipeline) -> Column:
+    """Why a record cannot be processed, or null; the first reason that applies."""
+    missing = F.concat_ws(", ", *[F.when(F.col(n).isNull(), F.lit(n)) for n in pipeline.fields])
+    required = [(sink, c) for sink in pipeline.sinks for c in sink.required_columns]
+    null_keys = F.concat_ws(", ", *[F.when(F.expr(c.expr).cast(c.spark_type).isNull(), F.lit(f"{sink.kind}.{c.name}"))
+                                    for sink, c in required]) if required else F.lit("")
+    limit = pipeline.limits.max_value_bytes
+    return (
+        F.when(F.col("_tombstone"), F.lit(None))
+        .when(F.length("value") > limit, F.format_string(f"value of %d bytes is over max_value_bytes {limit}",
+                                                           F.length("value")))
+        .when(F.length(missing) > 0, F.format_string(
+            "not a JSON object with the fields %s (missing, null or mistyped: %s)",
+            F.lit(", ".join(f"{n}: {t}" for n, t in pipeline.fields.items())), missing))
+        .when(F.length(null_keys) > 0, F.format_string("null key(s) %s", null_keys))
+    )
+
+
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     parsed = records.withColumn("_parsed", F.from_json(F.col("value").cast("string"), _json_schema(pipeline)))
     fields = [F.col("_parsed").getField(name).alias(name) for name in pipeline.fields]
     flat = parsed.select(*METADATA, *fields, F.col("value").isNull().alias("_tombstone"))
-    missing = F.concat_ws(", ", *[F.when(F.col(n).isNull(), F.lit(n)) for n in pipeline.fields])
+    checked = flat.withColumn("_invalid", _reason(pipeline))
+    if pipeline.on_invalid_record == "quarantine":
+        return checked
     rejected = F.raise_error(F.format_string(
-        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}):"
-        " not a JSON object with the fields %s (missing, null or mistyped: %s)",
-        F.col("topic"), F.col("partition"), F.col("offset"),
-        F.lit(", ".join(f"{n}: {t}" for n, t in pipeline.fields.items())), missing,
+        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}): %s",
+        F.col("topic"), F.col("partition"), F.col("offset"), F.col("_invalid"),
     ))
     # A filter, not a column: Spark evaluates it for every record whatever columns a sink selects.
-    return flat.where(F.when(F.col("_tombstone"), F.lit(True)).when(F.length(missing) > 0, rejected)
-                      .otherwise(F.lit(True)))
+    return checked.where(F.when(F.col("_invalid").isNull(), F.lit(True)).otherwise(rejected))
+
+
+def invalid_records(parsed: DataFrame) -> DataFrame:
+    """The quarantine rows of a batch's parsed records (small: bounded by max_invalid_ratio)."""
+    return parsed.where(F.col("_invalid").isNotNull()).select(
+        "range_id", "topic", "partition", "offset", "timestamp", "key",
+        F.substring("value", 1, QUARANTINE_KEEP_BYTES).alias("value"),
+        F.length("value").alias("value_bytes"), F.col("_invalid").alias("reason"),
+    )
+
