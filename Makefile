@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 WITH_ENV := source .local/env.sh &&
 
-.PHONY: install up down demo test test-unit test-integration lint bench lock clean
+.PHONY: install up down demo test test-unit lint bench chaos lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ lint: install
 
 bench: up
 	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+# Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 100000" for a full run.
+chaos: up
+	$(WITH_ENV) $(BIN)/python scripts/chaos.py $(CHAOS_ARGS)
 
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt

@@ -450,6 +450,27 @@ def down(base: Path | None = None) -> None:
                            + "; ".join(survivors))
 
 
+def restart_postgres(base: Path | None = None) -> None:
+    """Stop Postgres (fast) and start it again on the same port: what the fault-injection suite does."""
+    base = (base or home()).resolve()
+    state = read_state(base)
+    left = stop_postgres(base)
+    if left:
+        raise RuntimeError(f"Postgres did not stop: {_describe_processes(left)}")
+    start_postgres(base, state)
+
+
+def restart_kafka(base: Path | None = None) -> None:
+    """Stop the broker and start it again on the same port and data."""
+    base = (base or home()).resolve()
+    state = read_state(base)
+    left = stop_kafka(state)
+    if left:
+        raise RuntimeError(f"the Kafka broker did not stop: {_describe_processes(left)}")
+    start_kafka(base, state)
+    _state_path(base).write_text(json.dumps(state, indent=2))
+
+
 def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([

@@ -1,0 +1,464 @@
+"""`make chaos`: inject faults into real batches and check exactly-once against ground truth.
+
+Every iteration produces traceable records (unique ids, integer amounts; a third of the transactions
+aborted, one transaction left open across the plan, a few invalid records), runs a batch through
+`kafka-batch run` while a scenario strikes (SIGKILL of the job's process group in a chosen phase, a
+zombie left running while the run is retried, Postgres sessions terminated, two runs racing, a replay
+racing a batch, Postgres or the broker restarted), lets the pipeline recover without faults, and then
+checks, with a plain read_committed consumer that shares no code with the pipeline's reader:
+
+  1. the aggregate and the rows outputs equal what the committed records below the positions give;
+  2. per partition, the live ledger ranges form one contiguous chain from the start to the position;
+  3. no aborted record is counted, every invalid record is quarantined and none is counted;
+  4. positions never move back (no reset is made here);
+  5. after faults stop, lag reaches zero within a bound; no session is left idle in transaction.
+
+A fault meant for a phase is injected only once the job is seen in that phase (from Postgres: the
+attempt claimed, the commit transaction open, the batch committed); the table says how many landed.
+
+    python scripts/chaos.py --iterations 3 --records 20000 [--scenarios kill-reading,race] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg2
+import yaml
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
+PAGES = ["/", "/a", "/b", "/c", "/d"]
+RECOVERY_BOUND_S = 300
+
+
+@dataclass
+class Outcome:
+    iterations: int = 0
+    faults: Counter = field(default_factory=Counter)
+    records: int = 0
+    violations: list[str] = field(default_factory=list)
+    worst_recovery_s: float = 0.0
+
+
+# --- services ---------------------------------------------------------------------------------------
+
+def kafka_bootstrap() -> str:
+    return json.loads(os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"]
+
+
+def pg_params() -> dict:
+    conn = json.loads(os.environ["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
+    return {"host": conn["host"], "port": conn["port"], "user": conn.get("login"), "dbname": conn["schema"],
+            **({"password": conn["password"]} if conn.get("password") else {})}
+
+
+def sql(statement: str, *params) -> list[tuple]:
+    conn = psycopg2.connect(**pg_params())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+def chaos_environment() -> dict[str, str]:
+    """The pipeline's sessions carry an application name, so faults can find them."""
+    env = os.environ.copy()
+    conn = json.loads(env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
+    conn["extra"] = {**conn.get("extra", {}), "application_name": APP}
+    env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] = json.dumps(conn)
+    return env
+
+
+# --- the verifying producer --------------------------------------------------------------------------
+
+def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool) -> Producer | None:
+    """Unique records in transactions: two in three committed, one in three aborted, a few invalid.
+
+    Returns a producer whose transaction is left open (to be committed after the plan), if asked.
+    Aborts use their own transactional id (see README: the local broker's aborted-transaction quirk).
+    """
+    base = {"bootstrap.servers": kafka_bootstrap(), "linger.ms": 5}
+    producers = [Producer({**base, "transactional.id": f"{topic}-{kind}-{uuid.uuid4().hex[:6]}"})
+                 for kind in ("commit", "abort")]
+    for p in producers:
+        p.init_transactions(30)
+    written = 0
+    while written < count:
+        size = min(rng.randint(50, 500), count - written)
+        producer = producers[1] if rng.random() < 1 / 3 else producers[0]
+        producer.begin_transaction()
+        for _ in range(size):
+            value = (b"{not json" if rng.random() < 0.003 else
+                     json.dumps({"id": uuid.uuid4().hex, "page": rng.choice(PAGES), "amount": rng.randint(1, 1000)}))
+            producer.produce(topic, value=value, partition=rng.randrange(partitions))
+        producer.flush(60)
+        producer.abort_transaction() if producer is producers[1] else producer.commit_transaction()
+        written += size
+    if not open_txn:
+        return None
+    late = Producer({**base, "transactional.id": f"{topic}-late-{uuid.uuid4().hex[:6]}"})
+    late.init_transactions(30)
+    late.begin_transaction()
+    for _ in range(100):
+        late.produce(topic, value=json.dumps({"id": uuid.uuid4().hex, "page": "/late", "amount": 1}),
+                     partition=rng.randrange(partitions))
+    late.flush(30)
+    return late
+
+
+# --- the independent checker -------------------------------------------------------------------------
+
+def committed_records(topic: str, positions: dict[tuple[str, int], int]) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every committed record below the positions, read_committed."""
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": f"chaos-check-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
+    wanted = {p: end for (t, p), end in positions.items() if t == topic and end > 0}
+    consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
+    found, done = [], set()
+    try:
+        while len(done) < len(wanted):
+            for m in consumer.consume(10_000, timeout=5):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition())
+                        continue
+                    raise RuntimeError(m.error())
+                if m.offset() >= wanted[m.partition()]:
+                    done.add(m.partition())
+                    continue
+                found.append((m.partition(), m.offset(), m.value()))
+    finally:
+        consumer.close()
+    return found
+
+
+def check(pipeline: str, topic: str, tables: dict[str, str], previous: dict) -> list[str]:
+    """Every invariant of the module docstring; returns the violations."""
+    violations = []
+    positions = {(t, p): o for t, p, o in sql(
+        "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", pipeline)}
+    for key, before in previous.items():
+        if positions.get(key, 0) < before:
+            violations.append(f"position of {key} moved back from {before} to {positions.get(key)}")
+    valid, invalid = {}, set()
+    for partition, offset, value in committed_records(topic, positions):
+        try:
+            record = json.loads(value)
+            valid[(partition, offset)] = (record["id"], record["page"], int(record["amount"]))
+        except (ValueError, KeyError, TypeError):
+            invalid.add((partition, offset))
+    expected = defaultdict(lambda: [0, 0])
+    for _, page, amount in valid.values():
+        expected[page][0] += 1
+        expected[page][1] += amount
+    got = {page: [n, amount] for page, n, amount in sql(f"SELECT page, n, amount FROM {tables['aggregate']}")}
+    if got != dict(expected):
+        violations.append(f"aggregate differs: expected {dict(expected)}, found {got}")
+    rows = {(p, o): (i, a) for p, o, i, a in sql(
+        f"SELECT kafka_partition, kafka_offset, id, amount FROM {tables['rows']}")}
+    if rows != {k: (v[0], v[2]) for k, v in valid.items()}:
+        extra, missing = set(rows) - set(valid), set(valid) - set(rows)
+        violations.append(f"rows differ: {len(extra)} not expected (e.g. {sorted(extra)[:3]}), {len(missing)} missing"
+                          f" (e.g. {sorted(missing)[:3]})")
+    quarantined = {(p, o) for p, o in sql(
+        'SELECT partition, "offset" FROM kafka_batch.quarantine WHERE pipeline = %s', pipeline)}
+    if quarantined != invalid:
+        violations.append(f"quarantine differs: {len(quarantined - invalid)} unexpected, {len(invalid - quarantined)}"
+                          " invalid records not quarantined")
+    chains = defaultdict(list)
+    for partition, lo, hi in sql("SELECT partition, from_offset, until_offset FROM kafka_batch.live_ranges"
+                                 " WHERE pipeline = %s ORDER BY partition, from_offset", pipeline):
+        chains[partition].append((lo, hi))
+    for (_, partition), position in positions.items():
+        chain = chains.get(partition, [])
+        if not chain:
+            continue
+        if chain[0][0] != 0 or chain[-1][1] != position or any(a[1] != b[0] for a, b in itertools.pairwise(chain)):
+            violations.append(f"partition {partition}: live ranges {chain} do not chain from 0 to {position}")
+    stuck = sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                " AND state LIKE 'idle in transaction%%'", APP)[0][0]
+    if stuck:
+        violations.append(f"{stuck} session(s) left idle in transaction")
+    previous.update(positions)
+    return violations
+
+
+# --- running and striking -----------------------------------------------------------------------------
+
+def start_run(pipeline: str, run_id: str, env: dict) -> subprocess.Popen:
+    cli = str(Path(sys.executable).parent / "kafka-batch")
+    return subprocess.Popen([cli, "run", "--pipeline", pipeline, "--run-id", run_id], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def batch_of(pipeline: str, run_id: str) -> tuple | None:
+    rows = sql("SELECT id, status, attempt FROM kafka_batch.batches WHERE pipeline = %s AND run_id = %s",
+               pipeline, run_id)
+    return rows[0] if rows else None
+
+
+class CommitGate:
+    """Holds a SHARE lock on the aggregate table: a commit that reaches it waits there, inside its
+    transaction, with the positions already moved and the pipeline locked: a fault then lands in the
+    commit for sure (a fast commit is otherwise hard to hit). Reading, planning and staging are not held up.
+    """
+
+    def __init__(self, table: str):
+        self.table = table
+        self.conn = psycopg2.connect(**pg_params())
+        with self.conn.cursor() as cur:
+            cur.execute(f"LOCK TABLE {table} IN SHARE MODE")
+
+    def commit_waiting(self) -> bool:
+        return bool(sql("SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
+                        " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP))
+
+    def open(self) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+
+def in_commit(pipeline: str) -> bool:
+    """A session of the pipeline holds an open transaction that writes positions or outputs."""
+    return bool(sql("SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND xact_start IS NOT NULL"
+                    " AND (query ILIKE '%%kafka_batch.offsets%%' OR query ILIKE 'INSERT INTO %%')", APP))
+
+
+def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240,
+             gate: CommitGate | None = None) -> bool:
+    """Block until the run reaches `phase` (or ends); True if the fault can land in that phase."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        batch = batch_of(pipeline, run_id)
+        if phase == "starting" and batch is not None:
+            return True
+        if phase == "reading" and batch is not None and batch[2] >= 1 and batch[1] in ("planned", "failed"):
+            return True
+        if phase == "commit" and (gate.commit_waiting() if gate is not None else in_commit(pipeline)):
+            return True
+        if phase == "after-commit" and batch is not None and batch[1] == "committed":
+            return True
+        time.sleep(0.01 if phase == "commit" else 0.1)
+    return False
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def terminate_sessions() -> int:
+    return len(sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", APP))
+
+
+def restart_postgres() -> None:
+    from kafka_batch_dev import local_stack
+
+    local_stack.restart_postgres()
+
+
+def restart_broker() -> None:
+    from kafka_batch_dev import local_stack
+
+    local_stack.restart_kafka()
+
+
+def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: random.Random,
+             tables: dict[str, str]) -> Counter:
+    """Strike once; returns what landed, by phase."""
+    landed: Counter = Counter()
+    if name.startswith("kill-"):
+        phase = name.removeprefix("kill-")
+        gate = CommitGate(tables["aggregate"]) if phase == "commit" else None
+        try:
+            proc = start_run(pipeline, run_id, env)
+            if wait_for(phase, pipeline, run_id, proc, gate=gate):
+                kill_group(proc)
+                landed[phase] += 1
+        finally:
+            if gate is not None:
+                gate.open()
+        proc.wait()
+    elif name == "zombie":  # the Airflow task dies, its spark-submit lives on; the task is retried
+        proc = start_run(pipeline, run_id, env)
+        if wait_for("reading", pipeline, run_id, proc):
+            os.kill(proc.pid, signal.SIGKILL)  # the CLI only; spark-submit and the JVM run on
+            landed["zombie"] += 1
+            retry = start_run(pipeline, run_id, env)
+            retry.wait()
+        time.sleep(2)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the zombie is left
+        except ProcessLookupError:
+            pass
+    elif name.startswith("terminate-"):
+        phase = name.removeprefix("terminate-")
+        proc = start_run(pipeline, run_id, env)
+        if phase == "random":
+            time.sleep(rng.uniform(0, 20))
+            if proc.poll() is None and terminate_sessions():
+                landed["random"] += 1
+        else:
+            gate = CommitGate(tables["aggregate"])
+            try:
+                if wait_for("commit", pipeline, run_id, proc, gate=gate) and terminate_sessions():
+                    landed["commit"] += 1
+            finally:
+                gate.open()
+        proc.wait()
+    elif name == "race":
+        runs = [start_run(pipeline, f"{run_id}-{n}", env) for n in range(2)]
+        for proc in runs:
+            proc.wait()
+        landed["race"] += 1
+    elif name == "replay-race":
+        cli = str(Path(sys.executable).parent / "kafka-batch")
+        replay = subprocess.Popen([cli, "replay", "--pipeline", pipeline, "--topic", topic, "--from", "0",
+                                   "--until", "1000000000", "--run-id", f"{run_id}-replay"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = start_run(pipeline, run_id, env)
+        replay.wait()
+        proc.wait()
+        landed["replay-race"] += 1
+    elif name == "pg-restart":
+        proc = start_run(pipeline, run_id, env)
+        if wait_for("reading", pipeline, run_id, proc):
+            restart_postgres()
+            landed["reading"] += 1
+        proc.wait()
+    elif name == "broker-restart":
+        restart_broker()
+        landed["between"] += 1
+    else:
+        raise SystemExit(f"unknown scenario {name!r}")
+    return landed
+
+
+def lag(pipeline: str, topic: str) -> int:
+    """Last stable offsets (asked here, not through the pipeline's code) minus the stored positions."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
+    ends = {tp.partition: f.result().offset for tp, f in futures.items()}
+    positions = {p: o for p, o in sql("SELECT partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s",
+                                      pipeline)}
+    return sum(end - positions.get(p, 0) for p, end in ends.items())
+
+
+def recover(pipeline: str, topic: str, env: dict) -> float:
+    """Runs without faults until the lag is zero; returns how long it took."""
+    cli = str(Path(sys.executable).parent / "kafka-batch")
+    started = time.monotonic()
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        if lag(pipeline, topic) == 0:
+            return time.monotonic() - started
+        subprocess.run([cli, "run", "--pipeline", pipeline], env=env, capture_output=True)
+    return float("inf")
+
+
+SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-after-commit", "zombie", "terminate-random",
+             "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=2, help="per scenario")
+    parser.add_argument("--records", type=int, default=20_000, help="produced per iteration")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    env = chaos_environment()
+    from kafka_batch.config import load_pipeline  # setup only: schema and tables exist before the first fault
+    from kafka_batch.core import store
+
+    conn = psycopg2.connect(**pg_params())
+    store.apply_migrations(conn)
+    conn.close()
+    pipelines_dir = Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", ROOT / "pipelines"))
+    results = {}
+    for name in args.scenarios.split(","):
+        outcome = results[name] = Outcome()
+        pipeline = f"chaos_{name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+        topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records"}
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
+        admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
+        definition = {
+            "name": pipeline, "topics": [topic], "schedule": None,
+            "record": {"fields": {"id": "string", "page": "string", "amount": "long"}},
+            "limits": {"max_invalid_ratio": 0.5},
+            "read": {"fence_check_seconds": 1, "stall_timeout_seconds": 60},
+            "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
+                                    "measures": {"n": "1", "amount": "amount"}},
+                      "rows": {"table": tables["rows"], "columns": {"id": "id", "amount": {"expr": "amount",
+                                                                                            "type": "bigint"}}}},
+        }
+        path = pipelines_dir / f"{pipeline}.yaml"
+        path.write_text(yaml.safe_dump(definition, sort_keys=False))
+        conn = psycopg2.connect(**pg_params())
+        store.ensure_pipeline(conn, load_pipeline(pipeline))  # setup: the tables exist before the first fault
+        conn.close()
+        previous: dict = {}
+        try:
+            for iteration in range(args.iterations):
+                late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0)
+                outcome.records += args.records
+                outcome.faults += scenario(name, pipeline, topic, f"it{iteration}", env, rng, tables)
+                if late is not None:
+                    late.commit_transaction()
+                took = recover(pipeline, topic, env)
+                outcome.worst_recovery_s = max(outcome.worst_recovery_s, took)
+                if took == float("inf"):
+                    outcome.violations.append(f"iteration {iteration}: lag not zero within {RECOVERY_BOUND_S}s")
+                outcome.violations += [f"iteration {iteration}: {v}" for v in check(pipeline, topic, tables, previous)]
+                outcome.iterations += 1
+                print(f"{name} iteration {iteration}: faults {dict(outcome.faults)}, "
+                      f"violations {len(outcome.violations)}, recovery {took:.0f}s", flush=True)
+        finally:
+            path.unlink(missing_ok=True)
+    rows = [(name, o.iterations, ", ".join(f"{k}: {v}" for k, v in sorted(o.faults.items())) or "0",
+             o.records, len(o.violations), f"{o.worst_recovery_s:.0f}") for name, o in results.items()]
+    print(tabulate(rows, headers=["scenario", "iterations", "faults landed", "records", "violations",
+                                  "worst recovery s"]))
+    for name, o in results.items():
+        for violation in o.violations:
+            print(f"VIOLATION {name}: {violation}")
+    if args.json:
+        args.json.write_text(json.dumps({name: {"iterations": o.iterations, "faults": dict(o.faults),
+                                                "records": o.records, "violations": o.violations,
+                                                "worst_recovery_s": o.worst_recovery_s}
+                                         for name, o in results.items()}, indent=2))
+    return 1 if any(o.violations for o in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
