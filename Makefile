@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PATH := $(abspath $(BIN)):$(PATH)
 WITH_ENV := source .local/env.sh &&
 
-.PHONY: install up down demo test test-unit lint bench chaos lock clean
+.PHONY: install up down demo test test-browser test-unit lint bench chaos lock clean chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,21 @@ down:
 demo: up
 	$(WITH_ENV) $(BIN)/python scripts/demo.py
 
-test: install
+# The browser tests drive Debian's Chromium (Playwright cannot download its own browser here).
+CHROMIUM ?= /usr/bin/chromium
+
+chromium:
+	@if [ ! -x $(CHROMIUM) ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+		else echo "Chromium missing at $(CHROMIUM): sudo apt-get install -y chromium (the browser tests need it)"; fi; \
+	fi
+
+test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest tests
+
+test-browser: install chromium
+	$(BIN)/pytest -m browser tests
 
 test-unit: install
 	$(BIN)/pytest tests/unit

@@ -11,6 +11,7 @@ import getpass
 import json
 import os
 import sys
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 import psycopg2
@@ -92,8 +93,29 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _partition_list(text: str) -> tuple[int, ...]:
+    """`0,2,5` -> (0, 2, 5); anything else is one clear argparse error, not a traceback."""
+    try:
+        partitions = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated partition numbers, got {text!r}") from None
+    if any(p < 0 for p in partitions):
+        raise argparse.ArgumentTypeError(f"partition numbers are >= 0, got {text!r}")
+    return partitions
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an offset is a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an offset is >= 0, got {value}")
+    return value
+
+
 def _offset_request(args, *, target: bool = False) -> OffsetRequest:
-    partitions = tuple(int(p) for p in args.partitions.split(",")) if args.partitions else ()
+    partitions = args.partitions or ()
     if target:
         return OffsetRequest(args.topic, partitions, from_offset=args.to_offset,
                              from_time_ms=optional_time_ms(args.to_time, "--to-time"))
@@ -152,6 +174,10 @@ def cmd_status(args) -> int:
         rows = report.status(conn, kafka, pipeline)
     finally:
         conn.close()
+    if args.json:
+        print(json.dumps({"pipeline": pipeline.name, "lag": sum(r.lag for r in rows),
+                          "partitions": [asdict(r) for r in rows]}, indent=2))
+        return 0
     print(tabulate(
         [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
          for r in rows],
@@ -207,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
     p.add_argument("--pipeline", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("quarantine", help="records the pipeline could not process, with their reasons")
     p.add_argument("--pipeline", required=True)
@@ -215,9 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="recompute committed ranges and swap their contributions (positions stay)")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--partitions", help="comma-separated; default: every partition the pipeline has read")
-    p.add_argument("--from", dest="from_offset", type=int)
-    p.add_argument("--until", dest="until_offset", type=int)
+    p.add_argument("--partitions", type=_partition_list,
+                   help="comma-separated; default: every partition the pipeline has read")
+    p.add_argument("--from", dest="from_offset", type=_offset)
+    p.add_argument("--until", dest="until_offset", type=_offset)
     p.add_argument("--from-time", help="ISO 8601 with a time zone, instead of --from/--until")
     p.add_argument("--until-time")
     p.add_argument("--reason", default="replay")
@@ -228,8 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reset", help="move positions back (rewind) or forward (skip); dry run unless --execute")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--partitions", help="comma-separated; default: every partition the pipeline has read")
-    p.add_argument("--to-offset", type=int)
+    p.add_argument("--partitions", type=_partition_list,
+                   help="comma-separated; default: every partition the pipeline has read")
+    p.add_argument("--to-offset", type=_offset)
     p.add_argument("--to-time", help="ISO 8601 with a time zone: the first offset at or after it")
     p.add_argument("--reason", required=True)
     p.add_argument("--by", default=_operator(), help="who asks (recorded); default: the OS user")

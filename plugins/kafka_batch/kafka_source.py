@@ -172,3 +172,34 @@ def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:
     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         raise DataLossError(f"{where}: offset out of range, records were deleted before they were read ({error.str()})")
     raise ServiceError(f"{where}: {error.str()}")
+
+
+def first_timestamps(config: dict[str, Any], positions: dict[tuple[str, int], int],
+                     timeout: float = 5.0) -> dict[tuple[str, int], int | None]:
+    """The timestamp (ms) of the first committed record at or after each position: the oldest unread one.
+
+    None where the partition has no record there (markers only, the end, or a position retention
+    overtook) or none arrived in time.
+    Nothing is committed to Kafka; one consumer reads at most one fetch per partition.
+    """
+    if not positions:
+        return {}
+    found: dict[tuple[str, int], int | None] = dict.fromkeys(positions)
+    consumer = Consumer(reader_config({**config, "fetch.max.bytes": 1_048_576, "max.partition.fetch.bytes": 65_536}))
+    pending = set(positions)
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=min(1.0, max(0.05, deadline - time.monotonic()))):
+                tp = (message.topic(), message.partition())
+                if tp not in pending:
+                    continue
+                if message.error() is None:
+                    found[tp] = message.timestamp()[1]
+                # Else the end of the partition, or an offset below the log start (data loss): no timestamp.
+                pending.discard(tp)
+                consumer.pause([TopicPartition(*tp)])
+    finally:
+        consumer.close()
+    return found

@@ -1,9 +1,16 @@
-"""The execute step: spark-submit one batch through the same call the CLI makes (kafka_batch.spark.submit)."""
+"""The execute step: spark-submit one batch through the same call the CLI makes (kafka_batch.spark.submit).
+
+Its outlets are one Asset per sink table, named `kafka_batch.<table>` (`sink_assets`): a DAG scheduled
+on `Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
+records an outlet event whenever the task succeeds, so the task succeeds only when the batch really
+committed now; a replay's dry run (preview) ends `skipped`, and empty plans, dry runs and batches
+committed before never reach this task (`has_work`).
+"""
 
 from __future__ import annotations
 
-from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk import Asset, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kafka_batch import connections
 from kafka_batch.config import Pipeline
@@ -24,6 +31,7 @@ class BatchSparkSubmitOperator(BaseOperator):
     ui_color = "#e8f4fe"
 
     def __init__(self, *, pipeline: Pipeline, batch_id: str, mode: str = "commit", **kwargs) -> None:
+        kwargs.setdefault("outlets", sink_assets(pipeline))
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.batch_id = batch_id
@@ -43,7 +51,30 @@ class BatchSparkSubmitOperator(BaseOperator):
                 if not exc.retryable:
                     raise AirflowFailException(str(exc)) from None
                 raise
+        self._announce(context, connections.postgres_params(postgres), batch_id)
+
+    def _announce(self, context, postgres: dict, batch_id: int) -> None:
+        """Attach the batch to each outlet's event; anything but a commit skips the task (no event)."""
+        from kafka_batch.core import store
+
+        conn = store.connect(postgres)
+        try:
+            batch = store.load_batch(conn, batch_id)
+        finally:
+            conn.close()
+        if batch.status != "committed":
+            raise AirflowSkipException(f"batch {batch_id} is {batch.status}: nothing committed, no asset event")
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = {
+                "pipeline": self.pipeline.name, "batch_id": batch.id, "kind": batch.kind,
+                "records_read": batch.records_read, "records_invalid": batch.records_invalid,
+            }
 
     def on_kill(self) -> None:
         if self._hook is not None:
             self._hook.on_kill()
+
+
+def sink_assets(pipeline: Pipeline) -> list[Asset]:
+    """One Asset per table the pipeline's sinks write: `kafka_batch.<table>`."""
+    return [Asset(name=f"kafka_batch.{table}") for table in pipeline.tables]

@@ -70,6 +70,11 @@ def next_ranges(states: list[PartitionState], pipeline: Pipeline) -> list[Offset
     return plan_ranges(states, limits.max_records_per_partition, limits.max_records_per_batch, pipeline.on_data_loss)
 
 
+def lag_of(states: list[PartitionState]) -> int:
+    """Offsets between the positions and the last stable offsets (an upper bound on unread records)."""
+    return sum(max(0, s.last_stable - s.position) for s in states)
+
+
 def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
     """What the next batch would read, and the lag; nothing is stored (not even initial positions)."""
     store.apply_migrations(conn)
@@ -83,7 +88,7 @@ def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
                     "until_offset": r.until_offset, "lost_until": r.lost_until} for r in ranges],
         # Offsets, an upper bound on records: markers and compaction leave offsets without records.
         "offsets_planned": sum(r.readable().span for r in ranges),
-        "lag": sum(max(0, s.last_stable - s.position) for s in states),
+        "lag": lag_of(states),
     }
 
 
@@ -114,7 +119,7 @@ def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_i
     def plan(cur, view: LogView) -> Batch:
         states, initial = partition_states(cur, pipeline, view)
         store.store_initial_positions(cur, pipeline.name, initial)
-        return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline))
+        return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline), lag=lag_of(states))
 
     return _plan_once(conn, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan)
 
@@ -140,10 +145,10 @@ def plan_for_interval(
         behind = [replace(s, last_stable=ends[(s.topic, s.partition)]) for s in states
                   if s.position < ends[(s.topic, s.partition)]]
         if behind:
-            return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(behind, pipeline))
+            return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(behind, pipeline), lag=lag_of(states))
         replayed = [r for tp in view.partitions for r in overlapping(cur, pipeline, *tp, starts[tp], ends[tp])]
         if not replayed:
-            return store.insert_batch(cur, pipeline, run_id, dag_id, [])
+            return store.insert_batch(cur, pipeline, run_id, dag_id, [], lag=lag_of(states))
         return store.insert_replay(cur, pipeline, run_id, dag_id, replayed, f"airflow:{run_id}",
                                    "interval already committed: recomputed")
 

@@ -64,7 +64,7 @@ def transaction(conn) -> Iterator:
             yield cur
 
 
-def _pending_migrations(conn) -> bool:
+def pending_migrations(conn) -> bool:
     """Whether any sql/NNN_*.sql file is not applied yet: a read, no DDL and no lock."""
     files = {path.name for path in sql_dir().glob("[0-9][0-9][0-9]_*.sql")}
     with transaction(conn) as cur:
@@ -77,7 +77,7 @@ def _pending_migrations(conn) -> bool:
 
 def apply_migrations(conn) -> list[str]:
     """Apply sql/NNN_*.sql files not applied yet, each once, under an advisory lock."""
-    if not _pending_migrations(conn):
+    if not pending_migrations(conn):
         return []
     applied = []
     with transaction(conn) as cur:
@@ -284,11 +284,17 @@ def _insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, stat
     return cur.fetchone()[0]
 
 
-def insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, ranges: list[OffsetRange]) -> Batch:
-    """Persist a plan. Older batches of the pipeline that never committed can no longer commit."""
+def insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, ranges: list[OffsetRange],
+                 lag: int | None = None) -> Batch:
+    """Persist a plan. Older batches of the pipeline that never committed can no longer commit.
+
+    `lag` (offsets behind the last stable offsets when planned) is kept for the console's history.
+    """
     supersede_planned(cur, pipeline.name, "superseded by a newer plan")
     status = BatchStatus.PLANNED if ranges else BatchStatus.EMPTY
     batch_id = _insert_batch(cur, pipeline, run_id, dag_id, status, "batch")
+    if lag is not None:
+        cur.execute("UPDATE kafka_batch.batches SET lag_at_plan = %s WHERE id = %s", (lag, batch_id))
     for r in ranges:
         cur.execute(
             "INSERT INTO kafka_batch.batch_ranges"

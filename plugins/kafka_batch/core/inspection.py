@@ -1,0 +1,150 @@
+"""Everything the console page shows, and nothing else: read-only queries over the bookkeeping.
+
+Every query runs in a READ ONLY transaction, so Postgres itself refuses a write from here; no
+migration is run (a database the pipelines have not migrated yet is reported, not changed). Kafka
+is asked for offsets and for the timestamp of the oldest unread record only. The page's actions are
+Airflow's (trigger the replay DAG) or the CLI's: nothing here changes progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from kafka_batch.config import Pipeline
+from kafka_batch.core import store
+from kafka_batch.core.planning import ask_kafka, partition_states
+from kafka_batch.errors import StateError
+from kafka_batch.kafka_source import KafkaOffsets, first_timestamps
+
+
+@contextmanager
+def reading(conn) -> Iterator:
+    """A read-only transaction (Postgres refuses writes in it), rolled back at the end."""
+    conn.set_session(readonly=True)
+    try:
+        with conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.rollback()
+
+
+def check_schema(conn) -> None:
+    """Refuse to read a database the pipelines have not migrated (yet) to this version's schema."""
+    if store.pending_migrations(conn):
+        raise StateError("the kafka_batch schema is not migrated to this version yet; the next batch migrates it")
+
+
+def _rows(cur, statement: str, params: tuple) -> list[dict]:
+    cur.execute(statement, params)
+    names = [column.name for column in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline,
+               timeout: float = 5.0) -> list[dict]:
+    """Per partition: position, log start, last stable offset, lag and the oldest unread record's time.
+
+    A partition without a stored position shows where it will begin (`stored` false).
+    """
+    view = ask_kafka(conn, kafka, pipeline)
+    with reading(conn) as cur:
+        stored = store.read_positions(cur, pipeline.name)
+        states, _ = partition_states(cur, pipeline, view)
+        cur.execute("SELECT topic, partition, batch_id, updated_at FROM kafka_batch.offsets WHERE pipeline = %s",
+                    (pipeline.name,))
+        moved = {(t, p): (b, u) for t, p, b, u in cur.fetchall()}
+    lagging = {(s.topic, s.partition): s.position for s in states if s.last_stable > s.position}
+    oldest = first_timestamps(kafka_config, lagging, timeout=timeout)
+    result = []
+    for s in states:
+        tp = (s.topic, s.partition)
+        ts = oldest.get(tp)
+        batch_id, updated_at = moved.get(tp, (None, None))
+        result.append({
+            "topic": s.topic, "partition": s.partition, "position": s.position, "stored": tp in stored,
+            "log_start": s.log_start, "last_stable": s.last_stable, "lag": max(0, s.last_stable - s.position),
+            "oldest_unread_at": None if ts is None else datetime.fromtimestamp(ts / 1000, UTC),
+            "last_batch_id": batch_id, "updated_at": updated_at,
+        })
+    return result
+
+
+def summary(conn, pipeline_name: str) -> dict:
+    """The overview's bookkeeping of one pipeline: its last batch, last commit and what needs a look."""
+    with reading(conn) as cur:
+        last = _rows(cur, "SELECT id, kind, status, dag_id, run_id, planned_at, committed_at FROM kafka_batch.batches"
+                          " WHERE pipeline = %s ORDER BY id DESC LIMIT 1", (pipeline_name,))
+        cur.execute(
+            "SELECT (SELECT max(committed_at) FROM kafka_batch.batches WHERE pipeline = %(p)s),"
+            " (SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %(p)s AND status = 'failed'),"
+            " (SELECT count(*) FROM kafka_batch.data_loss WHERE pipeline = %(p)s),"
+            " (SELECT count(*) FROM kafka_batch.resets WHERE pipeline = %(p)s),"
+            " (SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %(p)s)",
+            {"p": pipeline_name},
+        )
+        committed_at, failed, lost, resets, quarantined = cur.fetchone()
+    return {"last_batch": last[0] if last else None, "last_commit_at": committed_at, "failed_batches": failed,
+            "data_loss": lost, "resets": resets, "quarantined": quarantined}
+
+
+def batches(conn, pipeline_name: str, limit: int = 20) -> list[dict]:
+    """The newest batches with their ranges, counts and duration (planned or started to committed)."""
+    with reading(conn) as cur:
+        return _rows(cur, """
+            SELECT b.id, b.kind, b.dag_id, b.run_id, b.try_number, b.status, b.planned_at, b.started_at,
+                   b.committed_at, b.records_read, b.records_invalid, b.error, b.lag_at_plan,
+                   extract(epoch FROM b.committed_at - coalesce(b.started_at, b.planned_at))::float AS duration_s,
+                   coalesce(json_agg(json_build_object('topic', r.topic, 'partition', r.partition,
+                       'from_offset', r.from_offset, 'until_offset', r.until_offset, 'records_read', r.records_read)
+                       ORDER BY r.topic, r.partition, r.from_offset) FILTER (WHERE r.id IS NOT NULL), '[]') AS ranges
+            FROM kafka_batch.batches b LEFT JOIN kafka_batch.batch_ranges r ON r.batch_id = b.id
+            WHERE b.pipeline = %s GROUP BY b.id ORDER BY b.id DESC LIMIT %s""", (pipeline_name, limit))
+
+
+def ledger(conn, pipeline_name: str, topic: str, partition: int, limit: int = 100) -> list[dict]:
+    """The committed ranges of one partition, live and retired, newest offsets first."""
+    with reading(conn) as cur:
+        return _rows(cur, """
+            SELECT range_id, from_offset, until_offset, lost_until, records_read, records_tombstone, batch_id, kind,
+                   dag_id, run_id, try_number, committed_at, definition_hash, replaces_range_id, retired_at,
+                   retired_by, CASE WHEN retired_at IS NULL THEN 'live' ELSE 'retired' END AS state
+            FROM kafka_batch.ledger WHERE pipeline = %s AND topic = %s AND partition = %s
+            ORDER BY from_offset DESC, range_id DESC LIMIT %s""", (pipeline_name, topic, partition, limit))
+
+
+def history(conn, pipeline_name: str, limit: int = 100) -> list[dict]:
+    """Per committed batch, oldest first: records read (from the ledger) and the lag when it was planned."""
+    with reading(conn) as cur:
+        rows = _rows(cur, """
+            SELECT l.batch_id, l.kind, min(l.committed_at) AS committed_at, sum(l.records_read)::bigint AS records_read,
+                   min(b.lag_at_plan) AS lag_at_plan
+            FROM kafka_batch.ledger l JOIN kafka_batch.batches b ON b.id = l.batch_id
+            WHERE l.pipeline = %s GROUP BY l.batch_id, l.kind ORDER BY l.batch_id DESC LIMIT %s""",
+                     (pipeline_name, limit))
+    return rows[::-1]
+
+
+def data_loss(conn, pipeline_name: str, limit: int = 100) -> list[dict]:
+    with reading(conn) as cur:
+        return _rows(cur, "SELECT id, topic, partition, lost_from, lost_until, detected_at, recorded_at, batch_id"
+                          " FROM kafka_batch.data_loss WHERE pipeline = %s ORDER BY id DESC LIMIT %s",
+                     (pipeline_name, limit))
+
+
+def resets(conn, pipeline_name: str, limit: int = 100) -> list[dict]:
+    with reading(conn) as cur:
+        return _rows(cur, "SELECT id, topic, partition, from_position, to_position, direction, ranges_retired,"
+                          " requested_by, reason, reset_at FROM kafka_batch.resets WHERE pipeline = %s"
+                          " ORDER BY id DESC LIMIT %s", (pipeline_name, limit))
+
+
+def replay_previews(conn, pipeline_name: str, limit: int = 100) -> list[dict]:
+    """The newest previewed replays' per-key changes (before -> after), as the dry runs stored them."""
+    with reading(conn) as cur:
+        return _rows(cur, """
+            SELECT p.batch_id, b.run_id, b.requested_by, b.reason, p.target AS "table", p.group_key, p.before, p.after
+            FROM kafka_batch.replay_previews p JOIN kafka_batch.batches b ON b.id = p.batch_id
+            WHERE b.pipeline = %s ORDER BY p.batch_id DESC, p.target, p.group_key::text LIMIT %s""",
+                     (pipeline_name, limit))

@@ -1,0 +1,176 @@
+"""The console page (an Airflow 3 plugin) through a real api-server: who may read it, what it says
+when a broker does not answer, that no response holds a connection detail, and (marker `browser`)
+that a real browser logged in to Airflow shows the positions, lag and batches that Postgres and Kafka hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from kafka_batch_dev import sample_data
+from tests.conftest import FAKE_PASSWORD
+from tests.integration.airflow_server import api_server, free_port
+from tests.integration.helpers import batches_of, kafka_config, new_pipeline, positions, run_cli
+
+pytestmark = pytest.mark.integration
+
+DEAD_KAFKA = "kafka_console_dead"
+CHROMIUM = os.environ.get("KAFKA_BATCH_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def pipelines(services):
+    """One pipeline with a few committed batches and some lag; one whose broker does not answer."""
+    good = new_pipeline("console")
+    topic = good.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 300, seed=91)
+    run_cli("run", "--pipeline", good.name)
+    sample_data.produce_page_views(kafka_config(), topic, 200, seed=92)
+    run_cli("run", "--pipeline", good.name)
+    sample_data.produce_page_views(kafka_config(), topic, 150, seed=93)  # left unread: the lag
+    dead = new_pipeline("consoledead", partitions=1, connections={"kafka": DEAD_KAFKA})
+    yield good, dead
+    Path(dead.source).unlink()
+
+
+@pytest.fixture(scope="module")
+def server(services, pipelines, tmp_path_factory):
+    dead_broker = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}})
+    with api_server(tmp_path_factory.mktemp("api_server"), {f"AIRFLOW_CONN_{DEAD_KAFKA.upper()}": dead_broker}) as s:
+        yield s
+
+
+ENDPOINTS = ["kafka-batch/", "kafka-batch/static/console.js", "kafka-batch/api/overview",
+             "kafka-batch/api/pipelines/{good}", "kafka-batch/api/pipelines/{good}/ledger?topic={topic}&partition=0"]
+
+
+def _paths(pipelines) -> list[str]:
+    good, _ = pipelines
+    return [p.format(good=good.name, topic=good.topics[0]) for p in ENDPOINTS]
+
+
+def test_every_endpoint_refuses_an_anonymous_request(server, pipelines):
+    token = server.token()
+    for path in _paths(pipelines):
+        status, body = server.get(path)
+        assert status == 401, (path, status, body[:300])
+        assert server.get(path, token="not-a-jwt")[0] in (401, 403), path
+        assert server.get(path, token=token)[0] == 200, path
+        assert server.get(path, cookie=token)[0] == 200, path  # the UI's session cookie, as in the iframe
+
+
+def test_a_broker_that_does_not_answer_is_that_pipelines_error_and_nothing_leaks(server, pipelines):
+    good, dead = pipelines
+    token = server.token()
+    status, body = server.get("kafka-batch/api/overview", token=token)
+    assert status == 200, body
+    rows = {row["name"]: row for row in json.loads(body)["pipelines"]}
+    assert rows[dead.name]["kafka_error"] and "did not answer" in rows[dead.name]["kafka_error"]
+    assert rows[dead.name]["lag"] is None
+    assert rows[good.name]["kafka_error"] is None and rows[good.name]["error"] is None
+    assert rows[good.name]["lag"] == 150
+
+    status, detail = server.get(f"kafka-batch/api/pipelines/{dead.name}", token=token)
+    assert status == 200 and json.loads(detail)["kafka_error"]
+    bodies = [body, detail] + [server.get(path, token=token)[1] for path in _paths(pipelines)]
+    for text in bodies:
+        assert FAKE_PASSWORD not in text
+        assert "127.0.0.1" not in text and "bootstrap" not in text
+
+
+def _last_stable_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
+    """The end of each partition, asked with a plain consumer (read_committed), not the project's code."""
+    consumer = Consumer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "group.id": "console-test",
+                         "isolation.level": "read_committed"})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
+def _browser():
+    """Playwright driving Debian's Chromium; missing in CI is a failure, elsewhere a skip."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    missing = ("the playwright package is not installed" if sync_playwright is None
+               else None if shutil.which(CHROMIUM) or Path(CHROMIUM).exists()
+               else f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or `make test` does it)")
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser test cannot run in CI: {missing}")
+        pytest.skip(missing)
+    return sync_playwright
+
+
+@pytest.mark.browser
+def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, pipelines, tmp_path):
+    sync_playwright = _browser()
+    good, _ = pipelines
+    topic = good.topics[0]
+    stored = positions(good.name)
+    ends = _last_stable_offsets(topic, sorted(p for _, p in stored))
+    batches = batches_of(good.name)
+    assert len(batches) == 2 and sum(ends.values()) - sum(stored.values()) == 150
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(60_000)
+            # Logged out, the console is refused.
+            response = page.goto(server.url + "kafka-batch/api/overview")
+            assert response.status == 401
+            # Log in with Airflow's own form (simple auth manager).
+            page.goto(server.url + "auth/login")
+            page.fill("input[name=username]", server.username)
+            page.fill("input[name=password]", server.password)
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda url: "/auth/login" not in url)
+
+            # The navigation entry opens the console in the UI; the overview lists the pipeline.
+            page.goto(server.url + "plugin/kafka-batch")
+            frame = page.frame_locator("iframe[title='Kafka batches']")
+            row = frame.locator(f"#pipelines tr[data-pipeline='{good.name}']")
+            assert _number(row.locator("td.lag").inner_text()) == 150
+            assert "batch" in row.locator("td.last-batch").inner_text()
+
+            row.locator("a.pipeline-link").click()
+            frame.locator("body[data-loaded^='#pipeline=']").wait_for()
+            for (t, partition), position in stored.items():
+                cells = frame.locator(f"#partitions tr[data-topic='{t}'][data-partition='{partition}']")
+                shown = {name: _number(cells.locator(f"td.{name}").inner_text())
+                         for name in ("position", "last-stable", "lag")}
+                assert shown == {"position": position, "last-stable": ends[partition],
+                                 "lag": ends[partition] - position}, (partition, shown)
+            rows = frame.locator("#batches tbody tr")
+            assert rows.count() == len(batches)
+            for batch_id, _kind, status, _run_id, records, _error in batches:
+                cells = frame.locator(f"#batches tr[data-batch-id='{batch_id}']")
+                assert cells.locator("td.status").inner_text() == status == "committed"
+                assert _number(cells.locator("td.records").inner_text()) == records
+            assert sum(r[4] for r in batches) == 500
+            bars = frame.locator("#chart-svg rect[data-batch-id]")
+            assert [int(bars.nth(i).get_attribute("data-records")) for i in range(bars.count())] == [r[4] for r in batches]
+            assert frame.locator("#ledger tbody tr.live").count() == 2  # both batches read partition 0
+            assert "kafka-batch replay --pipeline" in frame.locator("#ledger code.replay-cli").first.inner_text()
+
+            page.set_viewport_size({"width": 1200, "height": 760})
+            shot = Path(os.environ.get("KAFKA_BATCH_CONSOLE_SCREENSHOT") or tmp_path / "console.png")
+            page.screenshot(path=str(shot))
+            assert shot.stat().st_size < 200_000
+        finally:
+            browser.close()
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", "").strip())
