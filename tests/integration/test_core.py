@@ -82,6 +82,7 @@ def _rows_output(pipeline, batch, attempt, views_per_range: int, page: str = "/"
     data = pa.RecordBatch.from_pydict({
         "range_id": pa.array([r[0] for r in rows], pa.int64()),
         "_tombstone": pa.array([False] * len(rows)),
+        "_invalid": pa.array([False] * len(rows)),  # the writer gets `_invalid` as a flag (rows.py compute)
         "kafka_topic": [r[1] for r in rows],
         "kafka_partition": pa.array([r[2] for r in rows], pa.int32()),
         "kafka_offset": pa.array([r[3] for r in rows], pa.int64()),
