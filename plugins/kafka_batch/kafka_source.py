@@ -8,13 +8,16 @@ leave offsets without records.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.core.ranges import OffsetRange
@@ -122,7 +125,8 @@ def read_range(
     stall_timeout: float = 120.0,
 ) -> Iterator[list[Any]]:
     """Yield the visible records of [from, until) in batches of confluent_kafka Messages."""
-    return read_partitions(config, [offset_range], batch_size, poll_timeout, stall_timeout)
+    for _, messages in read_partitions(config, [offset_range], batch_size, poll_timeout, stall_timeout):
+        yield messages
 
 
 def read_partitions(
@@ -131,9 +135,9 @@ def read_partitions(
     batch_size: int = 10_000,
     poll_timeout: float = 1.0,
     stall_timeout: float = 120.0,
-) -> Iterator[list[Any]]:
-    """Yield the visible records of several ranges (one per partition) with one consumer, in batches
-    of confluent_kafka Messages, possibly mixing partitions.
+) -> Iterator[tuple[OffsetRange, list[Any]]]:
+    """Yield the visible records of several ranges (one per partition) with one consumer, as
+    (range, confluent_kafka Messages of that range's partition, in offset order).
 
     A range is done when the position reaches `until`, when a record at or past `until` arrives, or
     when the end of the partition is at or past `until`; it is then unassigned. Aborted records and
@@ -149,6 +153,7 @@ def read_partitions(
     if not pending:
         return
     reached = {key: r.from_offset for key, r in pending.items()}  # the offset each is known to be read up to
+    topics = {t for t, _ in pending}
     consumer = Consumer(reader_config(config))
     try:
         consumer.assign([TopicPartition(t, p, r.from_offset) for (t, p), r in pending.items()])
@@ -158,26 +163,21 @@ def read_partitions(
             first = consumer.poll(poll_timeout)
             want = min(batch_size, left)
             messages = [] if first is None else [first, *consumer.consume(want - 1, timeout=0)] if want > 1 else [first]
-            batch = []
-            for message in messages:
-                key = (message.topic(), message.partition())
+            for key, chunk in _by_partition(messages, topics).items():
                 r = pending.get(key)
                 if r is None:
                     continue  # a partition already complete
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        reached[key] = max(reached[key], min(message.offset(), r.until_offset))
-                        continue
-                    _raise_read_error(r, reached[key], error)
-                offset = message.offset()
-                if offset >= r.until_offset:
+                if any(map(Message.error, chunk)):
+                    chunk = _without_events(chunk, r, reached)
+                # In offset order: the records before `until` are a prefix (found in C, not per record).
+                offsets = list(map(Message.offset, chunk))
+                cut = bisect.bisect_left(offsets, r.until_offset)
+                if cut < len(chunk):
                     reached[key] = r.until_offset
-                    continue
-                batch.append(message)
-                reached[key] = offset + 1
-            if batch:
-                yield batch
+                    chunk = chunk[:cut]
+                if chunk:
+                    reached[key] = max(reached[key], offsets[cut - 1] + 1)
+                    yield r, chunk
             for tp in consumer.position([TopicPartition(t, p) for t, p in pending]):
                 if tp.offset >= 0:
                     key = (tp.topic, tp.partition)
@@ -198,6 +198,35 @@ def read_partitions(
                 )
     finally:
         consumer.close()
+
+
+def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
+    """The messages of one consume call per (topic, partition), each list in offset order."""
+    if len(topics) == 1:
+        [topic] = topics
+        runs = zip(itertools.repeat(topic), map(Message.partition, messages))
+    else:
+        runs = zip(map(Message.topic, messages), map(Message.partition, messages), strict=True)
+    chunks: dict[tuple[str, int], list[Any]] = {}
+    for key, run in itertools.groupby(zip(runs, messages, strict=True), key=operator.itemgetter(0)):
+        chunks.setdefault(key, []).extend(map(operator.itemgetter(1), run))
+    return chunks
+
+
+def _without_events(chunk: list[Any], r: OffsetRange, reached: dict) -> list[Any]:
+    """The records of a chunk that also holds events: the end of the partition moves `reached`,
+    an error fails the read."""
+    key = (r.topic, r.partition)
+    records = []
+    for message in chunk:
+        error = message.error()
+        if error is None:
+            records.append(message)
+        elif error.code() == KafkaError._PARTITION_EOF:
+            reached[key] = max(reached[key], min(message.offset(), r.until_offset))
+        else:
+            _raise_read_error(r, reached[key], error)
+    return records
 
 
 def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:

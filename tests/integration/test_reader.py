@@ -137,16 +137,18 @@ def _marker_ranges(topic: str, ends: dict[int, int]) -> list[OffsetRange]:
 def test_one_consumer_reads_ranges_of_several_partitions_as_the_ground_truth(transactional_partitions):
     topic, ends = transactional_partitions
     ranges = _marker_ranges(topic, ends)
-    read = {(next(r.range_id for r in ranges if r.partition == m.partition()), m.partition(), m.offset())
-            for batch in read_partitions(kafka_config(), ranges, batch_size=4, poll_timeout=30, stall_timeout=60)
-            for m in batch}
+    read = [(r.range_id, m.partition(), m.offset())
+            for r, batch in read_partitions(kafka_config(), ranges, batch_size=4, poll_timeout=30, stall_timeout=60)
+            for m in batch]  # a record under another partition's range would not be in the truth
+    assert len(read) == len(set(read))
+    read = set(read)
     truth = _truth(topic, ranges)
     assert read == truth and len(truth) > 20
     # Ranges that hold only markers and aborted records, side by side with one that has records.
     only_markers = [OffsetRange(topic, 0, ends[0] - 1, ends[0], range_id=1), OffsetRange(topic, 2, 1, 3, range_id=3),
                     OffsetRange(topic, 1, 0, 5, range_id=2)]
-    read = [(m.partition(), m.offset()) for b in read_partitions(kafka_config(), only_markers, poll_timeout=30,
-                                                                    stall_timeout=60) for m in b]
+    read = [(m.partition(), m.offset()) for _, b in read_partitions(kafka_config(), only_markers, poll_timeout=30,
+                                                                       stall_timeout=60) for m in b]
     truth = _truth(topic, only_markers)
     assert sorted(read) == sorted((p, o) for _, p, o in truth) and {p for _, p, _ in truth} == {1}
 

@@ -16,6 +16,8 @@ from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kafka_batch import timings
 from kafka_batch.config import ReadSettings
@@ -33,6 +35,7 @@ _COLUMNS = (
 ALL_COLUMNS = tuple(name for name, _, _ in _COLUMNS)
 # What parsing, validation, error messages and the quarantine always need.
 BASE_COLUMNS = ("range_id", "topic", "partition", "offset", "value")
+_GETTERS = {"offset": Message.offset, "key": Message.key, "value": Message.value}
 RECORD_SCHEMA = ", ".join(f"`{name}` {spark}" for name, _, spark in _COLUMNS)
 
 
@@ -55,39 +58,33 @@ def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timesta
     return tuple(c for c in ALL_COLUMNS if c in BASE_COLUMNS or (c in optional and c in words))
 
 
-def messages_to_arrow(
-    messages: list[Any], range_ids: dict[tuple[str, int], int] | int, columns: Iterable[str] = ALL_COLUMNS,
-) -> pa.RecordBatch:
-    """Columns of one consumed batch, in one pass; timestamps in microseconds UTC, null when the record
-    has none. `range_ids` maps (topic, partition) to the range read there (or is the one range's id)."""
+def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str] = ALL_COLUMNS) -> pa.RecordBatch:
+    """Columns of consumed records of one range's partition; timestamps in microseconds UTC, null when
+    the record has none. Each column is one pass in C (map over the Message methods); the range's
+    id, topic and partition are constants, never read per record."""
     schema = arrow_schema(columns)
-    wanted = set(schema.names)
-    topics, partitions, offsets, values = [], [], [], []
-    timestamps, kinds, keys, headers = [], [], [], []
-    want_time = "timestamp" in wanted or "timestamp_type" in wanted
-    want_key, want_headers = "key" in wanted, "headers" in wanted
-    for m in messages:
-        topics.append(m.topic())
-        partitions.append(m.partition())
-        offsets.append(m.offset())
-        values.append(m.value())
-        if want_time:
-            kind, ts = m.timestamp()
-            kinds.append(kind)
-            timestamps.append(ts * 1000 if kind else None)
-        if want_key:
-            keys.append(m.key())
-        if want_headers:
-            h = m.headers()
-            headers.append([{"key": k, "value": v} for k, v in h] if h else None)
-    if isinstance(range_ids, int):
-        ids = [range_ids] * len(messages)
-    else:
-        ids = [range_ids[tp] for tp in zip(topics, partitions, strict=True)]
-    data = {"range_id": ids, "topic": topics, "partition": partitions, "offset": offsets, "timestamp": timestamps,
-            "timestamp_type": kinds, "key": keys, "value": values, "headers": headers}
-    arrays = [pa.array(timestamps, pa.int64()).cast(field.type) if field.name == "timestamp"
-              else pa.array(data[field.name], field.type) for field in schema]
+    n = len(messages)
+    arrays = []
+    for field in schema:
+        name = field.name
+        if name in ("range_id", "topic", "partition"):
+            value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
+            arrays.append(pa.repeat(pa.scalar(value, field.type), n))
+        elif name in ("timestamp", "timestamp_type"):
+            kinds, stamps = zip(*map(Message.timestamp, messages), strict=True) if n else ((), ())
+            if name == "timestamp_type":
+                arrays.append(pa.array(kinds, pa.int32()))
+                continue
+            millis = pa.array(stamps, pa.int64())
+            if TIMESTAMP_NOT_AVAILABLE in kinds:
+                millis = pc.if_else(pc.equal(pa.array(kinds, pa.int32()), TIMESTAMP_NOT_AVAILABLE),
+                                    pa.scalar(None, pa.int64()), millis)
+            arrays.append(pc.multiply(millis, 1000).cast(field.type))
+        elif name == "headers":
+            arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
+                                    for h in map(Message.headers, messages)], field.type))
+        else:
+            arrays.append(pa.array(list(map(_GETTERS[name], messages)), field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -95,12 +92,11 @@ def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings:
               columns: Iterable[str] = ALL_COLUMNS) -> Iterator[pa.RecordBatch]:
     """The records of one task's ranges (one consumer for all of them) as Arrow batches."""
     columns = tuple(columns)
-    range_ids = {(r.topic, r.partition): r.range_id for r in ranges}
-    for messages in read_partitions(
+    for r, messages in read_partitions(
         kafka_config, ranges, int(settings["consume_batch_size"]),
         settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
     ):
-        yield messages_to_arrow(messages, range_ids, columns)
+        yield messages_to_arrow(messages, r, columns)
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple):
