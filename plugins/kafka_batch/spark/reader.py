@@ -90,13 +90,29 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
 
 def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings: dict[str, float],
               columns: Iterable[str] = ALL_COLUMNS) -> Iterator[pa.RecordBatch]:
-    """The records of one task's ranges (one consumer for all of them) as Arrow batches."""
+    """The records of one task's ranges (one consumer for all of them) as Arrow batches of about
+    `consume_batch_size` records: the small chunks of many partitions are joined, since every batch
+    costs Spark a fixed amount on its way to the JVM."""
     columns = tuple(columns)
+    size = int(settings["consume_batch_size"])
+    pending: list[pa.RecordBatch] = []
+    rows = 0
     for r, messages in read_partitions(
-        kafka_config, ranges, int(settings["consume_batch_size"]),
-        settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
+        kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
     ):
-        yield messages_to_arrow(messages, r, columns)
+        pending.append(messages_to_arrow(messages, r, columns))
+        rows += len(messages)
+        if rows >= size:
+            yield _joined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple):
