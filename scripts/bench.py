@@ -1,79 +1,431 @@
-"""`make bench`: records/s of the Spark job and of a plain read of the same ranges.
+"""`make bench`: the project against a hand-written consumer, side by side on the same topic data.
 
-Produces N page views to a fresh topic, plans one batch over all of it, then measures
-(1) a plain sequential read of the planned ranges with the project's range reader, no Spark, and
-(2) the whole Spark job through spark-submit (JVM start, read, aggregate, commit), wall clock.
-Figures are printed, not asserted: targets live here, not in tests.
+One run produces the data, plans every batch, then measures (each with the load average then):
+  raw read        a plain confluent-kafka loop over the big batch's ranges, one process, no parsing
+  project reader  kafka_source.read_partitions + Arrow columns, as a Spark task does it, one process
+  plain consumer  what a user would write: consume, json.loads, a dict aggregate, one CAS commit
+  spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate
+  many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
+  fixed cost      a 1,000-record batch through `kafka-batch run`, with the phases of its timings
+  commit          commit_batch of 100k distinct aggregate contribution rows
+  planning        plan_batch over the MANY partitions
+  peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
+and prints ONE table with each target's ratio and PASS/FAIL, also written as JSON (--json).
+Targets live here, not in tests. BENCH_ARGS scales it down: --records 200000 --small 100000 --many 100.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import resource
+import random
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+import pyarrow as pa
 import yaml
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from kafka_batch import connections
+from kafka_batch import connections, timings
 from kafka_batch.cli import submit_batch
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.core import planning, store
-from kafka_batch.kafka_source import KafkaOffsets, read_range
+from kafka_batch.core.commit import commit_batch
+from kafka_batch.kafka_source import KafkaOffsets, reader_config
+from kafka_batch.sinks.base import RangeCounts, SinkOutput
+from kafka_batch.spark.reader import read_task
 from kafka_batch_dev import sample_data
+
+ROWS: list[dict] = []
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def row(name: str, value: float, unit: str, detail: str = "", **extra) -> dict:
+    entry = {"name": name, "value": round(value, 3), "unit": unit, "load": load(), "detail": detail, **extra}
+    ROWS.append(entry)
+    print(f"  {name}: {value:,.2f} {unit} {detail} (load {entry['load']})", flush=True)
+    return entry
+
+
+class Env:
+    def __init__(self, prefix: str, pipelines: Path):
+        self.prefix = prefix
+        self.pipelines = pipelines
+        self.kafka = connections.kafka_config(connections.from_environment("kafka_default"))
+        self.postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
+        self.tables: list[tuple[str, str]] = []
+
+    def pipeline(self, name: str, topic: str, **limits):
+        definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+        name = f"{self.prefix}_{name}"
+        definition.update(name=name, topics=[topic], schedule=None)
+        definition["limits"] = {**definition["limits"], "max_records_per_partition": 10**9,
+                                "max_records_per_batch": 10**9, **limits}
+        definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
+        (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
+        pipeline = load_pipeline(name)
+        [sink] = pipeline.sinks
+        self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
+        return pipeline
+
+    def plan(self, pipeline):
+        conn = store.connect(self.postgres)
+        try:
+            return planning.plan_batch(conn, KafkaOffsets(self.kafka), pipeline, run_id="bench")
+        finally:
+            conn.close()
+
+
+def produce_per_partition(kafka: dict, topic: str, partitions: int, per_partition: int, seed: int) -> None:
+    """Exactly `per_partition` page views in every partition (keys as sample_data makes them)."""
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": kafka["bootstrap.servers"], "enable.idempotence": True,
+                         "linger.ms": 20, "batch.num.messages": 10_000})
+    for i in range(partitions * per_partition):
+        key, value = sample_data.page_view(rng)
+        while True:
+            try:
+                producer.produce(topic, key=key, value=json.dumps(value), partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.5)
+        producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError(f"records to {topic} were not delivered")
+
+
+def plain_consumer(kafka: dict, ranges, tuned: bool) -> Consumer:
+    """A consumer as a user would configure it; `tuned` adds the settings the project's reader uses."""
+    config = {"bootstrap.servers": kafka["bootstrap.servers"], "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+              "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
+              **{k: v for k, v in kafka.items() if k.startswith(("receive.", "security.", "sasl.", "ssl."))}}
+    if tuned:
+        config = {**reader_config(config), "group.id": config["group.id"]}
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(r.topic, r.partition, r.from_offset) for r in ranges])
+    return consumer
+
+
+def consume_ranges(consumer: Consumer, ranges):
+    """Yield messages of the ranges until every partition is past its range's last offset (no markers
+    in the bench topics, so records and offsets agree)."""
+    ends = {(r.topic, r.partition): r.until_offset for r in ranges if r.until_offset > r.from_offset}
+    while ends:
+        for m in consumer.consume(10_000, timeout=0.1):
+            key = (m.topic(), m.partition())
+            if key not in ends:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= ends[key]:
+                    del ends[key]
+                    continue
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(m.error())
+                continue
+            if m.offset() < ends[key]:
+                yield m
+            if m.offset() + 1 >= ends[key]:
+                del ends[key]
+
+
+def raw_read(env: Env, ranges) -> tuple[int, float]:
+    started = time.monotonic()
+    consumer = plain_consumer(env.kafka, ranges, tuned=True)
+    count = sum(1 for _ in consume_ranges(consumer, ranges))
+    consumer.close()
+    return count, time.monotonic() - started
+
+
+def project_read(env: Env, pipeline, ranges) -> tuple[int, float]:
+    from dataclasses import asdict
+
+    from kafka_batch.spark.job import _columns
+
+    started = time.monotonic()
+    count = sum(b.num_rows for b in read_task(env.kafka, list(ranges), asdict(pipeline.read), _columns(pipeline)))
+    return count, time.monotonic() - started
+
+
+def baseline(env: Env, ranges) -> tuple[int, float]:
+    """The hand-written job: consume, parse with json, aggregate in a dict, commit with compare-and-set."""
+    import psycopg2
+    from psycopg2.extras import execute_values
+
+    started = time.monotonic()
+    consumer = plain_consumer(env.kafka, ranges, tuned=True)
+    totals: dict = defaultdict(lambda: [0, 0])
+    count = 0
+    for m in consume_ranges(consumer, ranges):
+        count += 1
+        value = m.value()
+        if value is None:
+            continue
+        record = json.loads(value)
+        minute = m.timestamp()[1] // 60_000 * 60
+        t = totals[(record["page"], minute)]
+        t[0] += 1
+        t[1] += record["duration_ms"]
+    consumer.close()
+    conn = psycopg2.connect(**env.postgres)
+    with conn, conn.cursor() as cur:
+        table = f"{env.prefix}_baseline"
+        env.tables += [("public", f"{table}_totals"), ("public", f"{table}_offsets")]
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table}_offsets (topic text, partition int, next_offset bigint,"
+                    " PRIMARY KEY (topic, partition))")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table}_totals (page text, minute timestamptz, views bigint,"
+                    " total_duration_ms bigint, PRIMARY KEY (page, minute))")
+        execute_values(cur, f"INSERT INTO {table}_offsets VALUES %s ON CONFLICT DO NOTHING",
+                       [(r.topic, r.partition, r.from_offset) for r in ranges])
+    with conn, conn.cursor() as cur:
+        for r in ranges:
+            cur.execute(f"UPDATE {table}_offsets SET next_offset = %s WHERE topic = %s AND partition = %s"
+                        " AND next_offset = %s", (r.until_offset, r.topic, r.partition, r.from_offset))
+            if cur.rowcount != 1:
+                raise RuntimeError("compare-and-set lost")
+        execute_values(
+            cur, f"INSERT INTO {table}_totals VALUES %s ON CONFLICT (page, minute) DO UPDATE SET"
+            f" views = {table}_totals.views + EXCLUDED.views,"
+            f" total_duration_ms = {table}_totals.total_duration_ms + EXCLUDED.total_duration_ms",
+            [(page, datetime.fromtimestamp(minute, UTC), v, d) for (page, minute), (v, d) in totals.items()],
+        )
+    conn.close()
+    return count, time.monotonic() - started
+
+
+class RssSampler:
+    """Peak RSS of the driver (Python), the JVM and the Python workers below this process."""
+
+    def __init__(self):
+        self.peaks = {"driver": 0, "jvm": 0, "worker": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        me = psutil.Process()
+        while not self._stop.wait(0.1):
+            for p in me.children(recursive=True):
+                try:
+                    cmd = " ".join(p.cmdline())
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
+                kind = ("jvm" if "java" in p.name() else "driver" if "run_batch.py" in cmd
+                        else "worker" if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd) else None)
+                if kind:
+                    self.peaks[kind] = max(self.peaks[kind], rss)
+
+
+def phases(marks: list[dict], spawned: float | None = None, ended: float | None = None) -> dict[str, float]:
+    """Seconds per phase from the marks of the CLI, the driver and the read tasks."""
+    first = {}
+    for m in marks:
+        first.setdefault(m["event"], m["t"])
+    task_starts = [m["t"] for m in marks if m["event"] == "task_start"]
+    task_ends = [m["t"] for m in marks if m["event"] == "task_end"]
+    t = dict(first, task_start=min(task_starts, default=None), task_end=max(task_ends, default=None))
+    spans = [
+        ("process start", spawned, t.get("cli_start")), ("plan", t.get("plan_start"), t.get("plan_done")),
+        ("spark-submit call built", t.get("submit_prepare"), t.get("submit_start")),
+        ("JVM + driver start", t.get("submit_start"), t.get("job_main")),
+        ("Spark session", t.get("job_main"), t.get("session_ready")),
+        ("load batch + plan tasks", t.get("session_ready"), t.get("read_start")),
+        ("first task start", t.get("read_start"), t.get("task_start")),
+        ("read (tasks)", t.get("task_start"), t.get("task_end")),
+        ("aggregate to driver", t.get("task_end"), t.get("computed")),
+        ("commit", t.get("commit_start"), t.get("commit_done")),
+        ("stop + exit", t.get("commit_done"), ended or t.get("submit_done")),
+    ]
+    return {name: round(b - a, 2) for name, a, b in spans if a is not None and b is not None}
+
+
+def spark_run(env: Env, pipeline, batch, label: str) -> dict:
+    marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
+    os.environ[timings.ENV] = str(marks)
+    try:
+        with RssSampler() as rss:
+            started = time.monotonic()
+            submit_batch(pipeline, batch.id)
+            seconds = time.monotonic() - started
+    finally:
+        os.environ.pop(timings.ENV, None)
+    conn = store.connect(env.postgres)
+    committed = store.load_batch(conn, batch.id)
+    with conn.cursor() as cur:
+        cur.execute("SELECT read_tasks FROM kafka_batch.batches WHERE id = %s", (batch.id,))
+        [(read_tasks,)] = cur.fetchall()
+    conn.close()
+    assert committed.status == "committed" and committed.records_read == batch.span, (committed, batch.span)
+    breakdown = phases(timings.read(str(marks)))
+    marks.unlink()
+    mb = {k: round(v / 2**20) for k, v in rss.peaks.items()}
+    row(f"spark job {label}", batch.span / seconds, "records/s",
+        f"{batch.span:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s;"
+        f" peak RSS MB {mb}; phases {breakdown}", seconds=round(seconds, 2), records=batch.span, rss_mb=mb,
+        phases=breakdown, read_tasks=read_tasks)
+    return {"seconds": seconds, "records": batch.span, "rss": mb}
+
+
+def fixed_cost(env: Env, records: int) -> dict:
+    topic = f"{env.prefix}_fixed"
+    sample_data.ensure_topic(env.kafka, topic, 1)
+    sample_data.produce_page_views(env.kafka, topic, records, seed=5)
+    pipeline = env.pipeline("fixed", topic)
+    marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
+    cli = str(Path(sys.executable).parent / "kafka-batch")
+    started_wall = time.time()
+    started = time.monotonic()
+    result = subprocess.run([cli, "run", "--pipeline", pipeline.name], capture_output=True, text=True,
+                            env={**os.environ, timings.ENV: str(marks)})
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
+    breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
+    marks.unlink()
+    return row("fixed cost: kafka-batch run of 1,000 records", seconds, "s", f"phases {breakdown}",
+               phases=breakdown)
+
+
+def commit_rows(env: Env, rows: int) -> float:
+    """commit_batch of `rows` distinct (range, page, minute) contributions, spread over 4 ranges."""
+    topic = f"{env.prefix}_commit"
+    sample_data.ensure_topic(env.kafka, topic, 4)
+    produce_per_partition(env.kafka, topic, 4, 10, seed=3)
+    pipeline = env.pipeline("commit", topic)
+    batch = env.plan(pipeline)
+    ids = [r.range_id for r in batch.ranges]
+    base = 1_700_000_000_000_000
+    result = pa.table({
+        "range_id": pa.array([ids[i % len(ids)] for i in range(rows)], pa.int64()),
+        "page": pa.array([f"/page/{i}" for i in range(rows)], pa.string()),
+        "minute": pa.array([base + (i % 1000) * 60_000_000 for i in range(rows)], pa.timestamp("us", tz="UTC")),
+        "views": pa.array([1] * rows, pa.int64()),
+        "total_duration_ms": pa.array([i for i in range(rows)], pa.int64()),
+    })
+    counts = {rid: RangeCounts(records=10) for rid in ids}
+    conn = store.connect(env.postgres)
+    try:
+        attempt = store.claim_attempt(conn, batch.id)
+        started = time.monotonic()
+        commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": SinkOutput(counts, result)}, 1)
+        seconds = time.monotonic() - started
+    finally:
+        conn.close()
+    return seconds
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=int(os.environ.get("BENCH_RECORDS", 500_000)))
+    parser.add_argument("--records", type=int, default=3_000_000, help="the big Spark run (and the reads)")
+    parser.add_argument("--small", type=int, default=1_000_000, help="the small Spark run, for the marginal rate")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--many", type=int, default=1000, help="partitions of the many-partition case")
+    parser.add_argument("--many-records", type=int, default=100_000)
+    parser.add_argument("--commit-rows", type=int, default=100_000)
+    parser.add_argument("--fixed-records", type=int, default=1000)
+    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit); no target table")
+    parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
+                        / "bench.json")
     args = parser.parse_args()
 
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
-    definition.update(name=name, topics=[f"{name}_topic"], schedule=None)
-    definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
+    prefix = f"bench_{uuid.uuid4().hex[:8]}"
     pipelines = Path(tempfile.mkdtemp(prefix="kafka_batch_bench_"))
-    (pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
     os.environ["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
-    pipeline = load_pipeline(name)
+    env = Env(prefix, pipelines)
+    print(f"kafka-batch bench {prefix}: {os.cpu_count()} cores, load {load()}", flush=True)
+    if args.only:
+        parts = set(args.only.split(","))
+        if "fixed" in parts:
+            fixed_cost(env, args.fixed_records)
+        if "commit" in parts:
+            row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
+        return 0
 
-    kafka = connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
-    postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
-    topic = pipeline.topics[0]
-    sample_data.ensure_topic(kafka, topic, args.partitions)
+    # The data, then every plan, before anything is measured.
+    topic = f"{prefix}_topic"
+    sample_data.ensure_topic(env.kafka, topic, args.partitions)
     started = time.monotonic()
-    sample_data.produce_page_views(kafka, topic, args.records, seed=1)
-    produce_s = time.monotonic() - started
-    print(f"produced {args.records} records to {topic} ({args.partitions} partitions) in {produce_s:.1f}s "
-          f"= {args.records / produce_s:,.0f} records/s")
+    sample_data.produce_page_views(env.kafka, topic, args.records, seed=1)
+    print(f"produced {args.records:,} records to {topic} in {time.monotonic() - started:.1f}s", flush=True)
+    many_topic, few_topic = f"{prefix}_many", f"{prefix}_few"
+    sample_data.ensure_topic(env.kafka, many_topic, args.many)
+    sample_data.ensure_topic(env.kafka, few_topic, 4)
+    produce_per_partition(env.kafka, many_topic, args.many, args.many_records // args.many, seed=2)
+    produce_per_partition(env.kafka, few_topic, 4, args.many_records // 4, seed=2)
 
-    conn = store.connect(postgres)
-    batch = planning.plan_batch(conn, KafkaOffsets(kafka), pipeline, run_id="bench")
-    print(f"planned batch {batch.id}: {len(batch.ranges)} ranges, {batch.span} offsets")
-
+    big = env.pipeline("big", topic)
+    small = env.pipeline("small", topic, max_records_per_batch=args.small)
+    big_batch, small_batch = env.plan(big), env.plan(small)
+    many, few = env.pipeline("many", many_topic), env.pipeline("few", few_topic)
     started = time.monotonic()
-    read = 0
-    for r in batch.ranges:
-        for messages in read_range(kafka, r, pipeline.read.consume_batch_size):
-            read += len(messages)
-    plain_s = time.monotonic() - started
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"plain read (range reader, one process, sequential): {read} records in {plain_s:.1f}s "
-          f"= {read / plain_s:,.0f} records/s (peak RSS of this process {rss_mb:.0f} MB)")
+    many_batch = env.plan(many)
+    plan_s = time.monotonic() - started
+    few_batch = env.plan(few)
 
-    started = time.monotonic()
-    submit_batch(pipeline, batch.id)
-    spark_s = time.monotonic() - started
-    committed = store.load_batch(conn, batch.id)
-    print(f"spark job (spark-submit local[*], read + aggregate + commit, wall clock incl. JVM start): "
-          f"{committed.records_read} records in {spark_s:.1f}s = {committed.records_read / spark_s:,.0f} records/s")
+    print("measuring:", flush=True)
+    row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
+    raw_n, raw_s = raw_read(env, big_batch.ranges)
+    raw = row("raw read", raw_n / raw_s, "records/s", f"{raw_n:,} records in {raw_s:.1f}s (plain consumer loop)")
+    n, s = project_read(env, big, big_batch.ranges)
+    row("project reader", n / s, "records/s", f"{n:,} records in {s:.1f}s (read_partitions + Arrow, one process)")
+    n, s = baseline(env, big_batch.ranges)
+    base = row("plain consumer", n / s, "records/s", f"{n:,} records in {s:.1f}s (consume + json + dict + CAS commit)")
+    small_run = spark_run(env, small, small_batch, "small")
+    big_run = spark_run(env, big, big_batch, "big")
+    marginal = (big_run["records"] - small_run["records"]) / max(big_run["seconds"] - small_run["seconds"], 1e-9)
+    row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
+    many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
+    few_run = spark_run(env, few, few_batch, "4 partitions")
+    fixed = fixed_cost(env, args.fixed_records)
+    commit_s = commit_rows(env, args.commit_rows)
+    row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
+
+    targets = [
+        ("1 spark big / plain consumer >= 1.5", (big_run["records"] / big_run["seconds"]) / base["value"], 1.5, ">="),
+        ("2 spark marginal / raw read >= 0.6", marginal / raw["value"], 0.6, ">="),
+        (f"3 {args.many} partitions / 4 partitions wall time <= 2", many_run["seconds"] / few_run["seconds"], 2, "<="),
+        ("4 fixed cost (s) <= 10 (idle machine)", fixed["value"], 10, "<="),
+        ("5 commit of 100k rows (s) <= 2", commit_s, 2, "<="),
+        ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
+         "<="),
+    ]
+    print(f"\n{'measure':<34} {'value':>14}  {'unit':<10} load\n" + "-" * 78)
+    for r in ROWS:
+        print(f"{r['name']:<34} {r['value']:>14,.2f}  {r['unit']:<10} {r['load']}")
+    print(f"\n{'target':<52} {'ratio':>8}  result\n" + "-" * 72)
+    results = []
+    for name, value, limit, op in targets:
+        ok = value >= limit if op == ">=" else value <= limit
+        results.append({"target": name, "value": round(value, 3), "pass": ok})
+        print(f"{name:<52} {value:>8.2f}  {'PASS' if ok else 'FAIL'}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "cores": os.cpu_count(),
+                                     "measures": ROWS, "targets": results}, indent=2, default=str))
+    print(f"\nwritten to {args.json}")
+
+    conn = store.connect(env.postgres)
     with conn, conn.cursor() as cur:
-        [aggregate] = pipeline.sinks
-        cur.execute(f"DROP TABLE IF EXISTS public.{aggregate.table}, kafka_batch.{aggregate.contributions_name}")
+        for schema, table in env.tables:
+            cur.execute(f'DROP TABLE IF EXISTS "{schema}"."{table}"')
     conn.close()
     return 0
 

@@ -18,7 +18,7 @@ import psycopg2
 from confluent_kafka import KafkaException
 from tabulate import tabulate
 
-from kafka_batch import connections
+from kafka_batch import connections, timings
 from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.core import planning, report, resets, store
 from kafka_batch.core.planning import OffsetRequest
@@ -35,10 +35,13 @@ def _services(pipeline):
 
 def submit_batch(pipeline, batch_id: int, mode: str = "commit") -> None:
     """spark-submit the batch through the same call the DAG's operator makes."""
+    timings.mark("submit_prepare")
     postgres = connections.from_environment(pipeline.connections.postgres)
     conns = (postgres, connections.from_environment(pipeline.connections.kafka))
     with submit.spark_submit_hook(pipeline, batch_id, conns, mode=mode) as hook:
+        timings.mark("submit_start")
         submit.run(hook, batch_id, connections.postgres_params(postgres))
+        timings.mark("submit_done")
 
 
 def cmd_plan(args) -> int:
@@ -81,7 +84,9 @@ def cmd_run(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
+        timings.mark("plan_start")
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        timings.mark("plan_done")
     finally:
         conn.close()
     print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
@@ -270,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    timings.mark("cli_start")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

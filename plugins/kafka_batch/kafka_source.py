@@ -8,13 +8,16 @@ leave offsets without records.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.core.ranges import OffsetRange
@@ -121,50 +124,109 @@ def read_range(
     poll_timeout: float = 1.0,
     stall_timeout: float = 120.0,
 ) -> Iterator[list[Any]]:
-    """Yield the visible records of [from, until) in batches of confluent_kafka Messages.
+    """Yield the visible records of [from, until) in batches of confluent_kafka Messages."""
+    for _, messages in read_partitions(config, [offset_range], batch_size, poll_timeout, stall_timeout):
+        yield messages
 
-    Done when the position reaches `until`, when a record at or past `until` arrives, or when the
-    end of the partition is at or past `until`. Aborted records and markers take offsets and are
-    skipped by the client, so a range may yield nothing at all and still be complete.
+
+def read_partitions(
+    config: dict[str, Any],
+    ranges: list[OffsetRange],
+    batch_size: int = 10_000,
+    poll_timeout: float = 1.0,
+    stall_timeout: float = 120.0,
+) -> Iterator[tuple[OffsetRange, list[Any]]]:
+    """Yield the visible records of several ranges (one per partition) with one consumer, as
+    (range, confluent_kafka Messages of that range's partition, in offset order).
+
+    A range is done when the position reaches `until`, when a record at or past `until` arrives, or
+    when the end of the partition is at or past `until`; it is then unassigned. Aborted records and
+    markers take offsets and are skipped by the client, so a range may yield nothing and still be
+    complete. Each batch waits (up to `poll_timeout`) for one message or event only, then takes
+    what is already queued, at most the offsets left: a call never waits for records that markers
+    or compaction left out, so a range ends as soon as its last record or the partition's end is in.
     """
-    r = offset_range
+    where = [(r.topic, r.partition) for r in ranges]
+    if len(set(where)) != len(where):
+        raise ValueError(f"one range per partition in a read, got {sorted(where)}")
+    pending = {(r.topic, r.partition): r for r in ranges if r.until_offset > r.from_offset}
+    if not pending:
+        return
+    reached = {key: r.from_offset for key, r in pending.items()}  # the offset each is known to be read up to
+    topics = {t for t, _ in pending}
     consumer = Consumer(reader_config(config))
-    tp = TopicPartition(r.topic, r.partition, r.from_offset)
     try:
-        consumer.assign([tp])
-        reached = r.from_offset  # the highest offset known to be consumed past
+        consumer.assign([TopicPartition(t, p, r.from_offset) for (t, p), r in pending.items()])
         last_progress = time.monotonic()
-        while reached < r.until_offset:
-            messages = consumer.consume(num_messages=batch_size, timeout=poll_timeout)
-            batch = []
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        reached = max(reached, message.offset())
-                        continue
-                    _raise_read_error(r, reached, error)
-                offset = message.offset()
-                if offset >= r.until_offset:
-                    reached = r.until_offset
-                    break
-                batch.append(message)
-                reached = offset + 1
-            if batch:
-                yield batch
-            position = consumer.position([TopicPartition(r.topic, r.partition)])[0].offset
-            if position >= 0:
-                reached = max(reached, min(position, r.until_offset))
+        while pending:
+            left = sum(r.until_offset - reached[key] for key, r in pending.items())
+            first = consumer.poll(poll_timeout)
+            want = min(batch_size, left)
+            messages = [] if first is None else [first, *consumer.consume(want - 1, timeout=0)] if want > 1 else [first]
+            for key, chunk in _by_partition(messages, topics).items():
+                r = pending.get(key)
+                if r is None:
+                    continue  # a partition already complete
+                if any(map(Message.error, chunk)):
+                    chunk = _without_events(chunk, r, reached)
+                # In offset order: the records before `until` are a prefix (found in C, not per record).
+                offsets = list(map(Message.offset, chunk))
+                cut = bisect.bisect_left(offsets, r.until_offset)
+                if cut < len(chunk):
+                    reached[key] = r.until_offset
+                    chunk = chunk[:cut]
+                if chunk:
+                    reached[key] = max(reached[key], offsets[cut - 1] + 1)
+                    yield r, chunk
+            for tp in consumer.position([TopicPartition(t, p) for t, p in pending]):
+                if tp.offset >= 0:
+                    key = (tp.topic, tp.partition)
+                    reached[key] = max(reached[key], min(tp.offset, pending[key].until_offset))
+            done = [key for key, r in pending.items() if reached[key] >= r.until_offset]
+            if done:
+                consumer.incremental_unassign([TopicPartition(t, p) for t, p in done])
+                for key in done:
+                    del pending[key]
             if messages:
                 last_progress = time.monotonic()
-            elif reached < r.until_offset and time.monotonic() - last_progress > stall_timeout:
+            elif pending and time.monotonic() - last_progress > stall_timeout:
+                key, r = min(pending.items())
                 raise ServiceError(
-                    f"{r.topic}[{r.partition}]: no progress for {stall_timeout:.0f}s at offset {reached}, "
+                    f"{r.topic}[{r.partition}]: no progress for {stall_timeout:.0f}s at offset {reached[key]}, "
                     f"expected to read up to {r.until_offset} (range {r.from_offset}..{r.until_offset}); "
                     "is the broker reachable and the range below the last stable offset?"
                 )
     finally:
         consumer.close()
+
+
+def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
+    """The messages of one consume call per (topic, partition), each list in offset order."""
+    if len(topics) == 1:
+        [topic] = topics
+        runs = zip(itertools.repeat(topic), map(Message.partition, messages))
+    else:
+        runs = zip(map(Message.topic, messages), map(Message.partition, messages), strict=True)
+    chunks: dict[tuple[str, int], list[Any]] = {}
+    for key, run in itertools.groupby(zip(runs, messages, strict=True), key=operator.itemgetter(0)):
+        chunks.setdefault(key, []).extend(map(operator.itemgetter(1), run))
+    return chunks
+
+
+def _without_events(chunk: list[Any], r: OffsetRange, reached: dict) -> list[Any]:
+    """The records of a chunk that also holds events: the end of the partition moves `reached`,
+    an error fails the read."""
+    key = (r.topic, r.partition)
+    records = []
+    for message in chunk:
+        error = message.error()
+        if error is None:
+            records.append(message)
+        elif error.code() == KafkaError._PARTITION_EOF:
+            reached[key] = max(reached[key], min(message.offset(), r.until_offset))
+        else:
+            _raise_read_error(r, reached[key], error)
+    return records
 
 
 def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:

@@ -82,6 +82,7 @@ def _rows_output(pipeline, batch, attempt, views_per_range: int, page: str = "/"
     data = pa.RecordBatch.from_pydict({
         "range_id": pa.array([r[0] for r in rows], pa.int64()),
         "_tombstone": pa.array([False] * len(rows)),
+        "_invalid": pa.array([False] * len(rows)),  # the writer gets `_invalid` as a flag (rows.py compute)
         "kafka_topic": [r[1] for r in rows],
         "kafka_partition": pa.array([r[2] for r in rows], pa.int32()),
         "kafka_offset": pa.array([r[3] for r in rows], pa.int64()),
@@ -141,6 +142,13 @@ def test_commit_moves_positions_and_every_sink_once(services):
                                              r" stored position 10"):
             commit_batch(conn, pipeline, wrong.id, attempt, _outputs(pipeline, wrong, attempt, 3))
         assert _state(pipeline) == before
+    # One statement moves every range: one range that does not match (partition 1) and the one that
+    # does (partition 0) does not move either.
+    wrong = _plan(conn, pipeline, "wrong_one_of_two", [OffsetRange(topic, 0, 10, 20), OffsetRange(topic, 1, 5, 15)])
+    attempt = store.claim_attempt(conn, wrong.id)
+    with pytest.raises(StateError, match=rf"{topic}\[1\] 5..15 expected position 5 but found stored position 10"):
+        commit_batch(conn, pipeline, wrong.id, attempt, _outputs(pipeline, wrong, attempt, 3))
+    assert _state(pipeline) == before
     conn.close()
 
 

@@ -263,6 +263,8 @@ def test_transactions_splits_and_limits_give_the_ground_truth(services):
         assert table_contents(pipeline) == truth, pipeline.name
     # The split run really cut its ranges (on offsets that include markers and aborted records): what the
     # job reports it ran, against the arithmetic of the limit (23 offsets a task, at least 6 tasks).
+    # Packing (several small pieces in one task) cannot merge these pieces: a range of N >= 23 offsets
+    # is cut into ceil(N/23) pieces of more than 11 offsets, and two of them exceed the 23 of a task.
     [(first_tasks, first_spans), *later] = [
         (tasks, spans) for tasks, spans in query(
             "SELECT b.read_tasks, array_agg(r.until_offset - r.from_offset) FROM kafka_batch.batches b"

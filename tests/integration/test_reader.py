@@ -6,6 +6,7 @@ committed records are visible, aborted ones are not, and every marker takes one 
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -13,8 +14,8 @@ from confluent_kafka import Producer
 
 from kafka_batch.core.ranges import OffsetRange, PartitionState, plan_ranges
 from kafka_batch.errors import ServiceError
-from kafka_batch.kafka_source import KafkaOffsets, read_range
-from tests.integration.helpers import create_topic, kafka_config
+from kafka_batch.kafka_source import KafkaOffsets, read_partitions, read_range
+from tests.integration.helpers import create_topic, kafka_config, records_by_partition
 
 pytestmark = pytest.mark.integration
 
@@ -82,3 +83,89 @@ def test_a_read_that_cannot_progress_fails_naming_where(transactional_topic):
     with pytest.raises(ServiceError, match=rf"{topic}\[0\]: no progress for 3s at offset 9, expected to read up to 10"):
         for _ in read_range(kafka_config(), OffsetRange(topic, 0, 0, 10), stall_timeout=3):
             pass
+
+
+@pytest.mark.parametrize(("start", "until"), [(0, 4), (3, 7), (4, 6), (6, 9), (8, 9)])
+def test_ranges_on_markers_end_without_waiting_out_the_poll_timeout(transactional_topic, start, until):
+    """Markers leave fewer records than offsets: the read must not wait for the missing ones."""
+    topic, _ = transactional_topic
+    started = time.monotonic()
+    for _ in read_range(kafka_config(), OffsetRange(topic, 0, start, until), poll_timeout=30, stall_timeout=60):
+        pass
+    assert time.monotonic() - started < 15  # a read waiting for offsets without records takes >= 30 s
+
+
+@pytest.fixture
+def transactional_partitions(services):
+    """Three partitions written by committed and aborted transactions (markers in each), then plain
+    records on partition 2; returns the topic and each partition's end."""
+    topic = f"txn3_{uuid.uuid4().hex[:8]}"
+    create_topic(topic, 3)
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic})
+    aborter = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic + "_a"})
+    producer.init_transactions(30)
+    aborter.init_transactions(30)
+    for n in range(4):
+        for p, txn in ((producer, True), (aborter, False)):
+            p.begin_transaction()
+            for i in range(5 + n):
+                p.produce(topic, value=f"{txn}-{n}-{i}".encode(), partition=i % 3)
+            p.flush(30)
+            p.commit_transaction() if txn else p.abort_transaction()
+    plain = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for i in range(7):
+        plain.produce(topic, value=f"plain-{i}".encode(), partition=2)
+    plain.flush(30)
+    ends = KafkaOffsets(kafka_config()).offsets([(topic, p) for p in range(3)])
+    return topic, {p: ends[(topic, p)].last_stable for p in range(3)}
+
+
+def _truth(topic: str, ranges: list[OffsetRange]) -> set[tuple[int, int, int]]:
+    """(range_id, partition, offset) of every committed record in the ranges, read by a plain consumer."""
+    found = records_by_partition(topic)
+    return {(r.range_id, r.partition, offset) for r in ranges for offset, _ in found[r.partition]
+            if r.from_offset <= offset < r.until_offset}
+
+
+def _marker_ranges(topic: str, ends: dict[int, int]) -> list[OffsetRange]:
+    """Partition 0 up to its end (the last offset is a marker), partition 1 from a marker to an offset
+    before its end, partition 2 whole; all read by one consumer."""
+    return [OffsetRange(topic, 0, 0, ends[0], range_id=1), OffsetRange(topic, 1, 2, ends[1] - 3, range_id=2),
+            OffsetRange(topic, 2, 0, ends[2], range_id=3)]
+
+
+def test_one_consumer_reads_ranges_of_several_partitions_as_the_ground_truth(transactional_partitions):
+    topic, ends = transactional_partitions
+    ranges = _marker_ranges(topic, ends)
+    read = [(r.range_id, m.partition(), m.offset())
+            for r, batch in read_partitions(kafka_config(), ranges, batch_size=4, poll_timeout=30, stall_timeout=60)
+            for m in batch]  # a record under another partition's range would not be in the truth
+    assert len(read) == len(set(read))
+    read = set(read)
+    truth = _truth(topic, ranges)
+    assert read == truth and len(truth) > 20
+    # Ranges that hold only markers and aborted records, side by side with one that has records.
+    only_markers = [OffsetRange(topic, 0, ends[0] - 1, ends[0], range_id=1), OffsetRange(topic, 2, 1, 3, range_id=3),
+                    OffsetRange(topic, 1, 0, 5, range_id=2)]
+    read = [(m.partition(), m.offset()) for _, b in read_partitions(kafka_config(), only_markers, poll_timeout=30,
+                                                                       stall_timeout=60) for m in b]
+    truth = _truth(topic, only_markers)
+    assert sorted(read) == sorted((p, o) for _, p, o in truth) and {p for _, p, _ in truth} == {1}
+
+
+def test_packed_spark_tasks_read_every_range_once(transactional_partitions, spark):
+    """Many small ranges packed into few Spark tasks (one consumer per task) read exactly the records
+    a plain consumer sees, each with its own range id."""
+    from kafka_batch.config import ReadSettings
+    from kafka_batch.core.ranges import pack_tasks, split_for_tasks
+    from kafka_batch.spark.reader import read_ranges
+
+    topic, ends = transactional_partitions
+    pieces = split_for_tasks(_marker_ranges(topic, ends), max_records_per_task=6)
+    tasks = pack_tasks(pieces, max_records_per_task=40, slots=2)
+    assert len(tasks) < len(pieces) and any(len({(r.topic, r.partition) for r in t}) > 1 for t in tasks)
+    records = read_ranges(spark, kafka_config(), tasks, ReadSettings(poll_timeout_seconds=30))
+    assert records.rdd.getNumPartitions() == len(tasks)
+    rows = [(r["range_id"], r["partition"], r["offset"]) for r in records.select("range_id", "partition", "offset").collect()]
+    assert len(rows) == len(set(rows))
+    assert set(rows) == _truth(topic, pieces)

@@ -9,6 +9,7 @@ from kafka_batch.core.ranges import (
     PartitionState,
     fair_shares,
     initial_positions,
+    pack_tasks,
     plan_ranges,
     recheck_retention,
     split_for_tasks,
@@ -112,3 +113,39 @@ def test_retention_is_checked_again_before_reading():
         recheck_retention(planned, 30, "fail")
     assert recheck_retention(planned, 30, "skip").lost_until == 30
     assert recheck_retention(planned, 90, "skip").lost_until == 50
+
+
+def _check_packing(pieces, tasks, max_records_per_task):
+    flat = [p for t in tasks for p in t]
+    assert sorted(flat, key=str) == sorted(pieces, key=str)  # every piece exactly once
+    for t in tasks:
+        assert len({(p.topic, p.partition) for p in t}) == len(t)  # one consumer reads a partition once
+        assert len(t) == 1 or sum(p.span for p in t) <= max_records_per_task
+
+
+def test_many_small_ranges_share_a_few_tasks():
+    pieces = [OffsetRange("t", p, 0, 100, range_id=p) for p in range(1000)]
+    tasks = pack_tasks(pieces, max_records_per_task=1_000_000, slots=2)
+    assert len(tasks) == 2 and {len(t) for t in tasks} == {500}
+    _check_packing(pieces, tasks, 1_000_000)
+    tasks = pack_tasks(pieces, max_records_per_task=30_000, slots=2)  # the limit still bounds a task
+    assert len(tasks) == 4
+    _check_packing(pieces, tasks, 30_000)
+
+
+def test_big_ranges_keep_their_cuts_and_pieces_of_one_partition_never_share_a_consumer():
+    ranges = [OffsetRange("t", 0, 0, 2_500_000, range_id=1), OffsetRange("t", 1, 0, 10, range_id=2),
+              OffsetRange("u", 1, 5, 9, range_id=3)]
+    pieces = split_for_tasks(ranges, 1_000_000, min_tasks=1)
+    tasks = pack_tasks(pieces, 1_000_000, slots=2)
+    _check_packing(pieces, tasks, 1_000_000)
+    assert sorted(p.span for t in tasks for p in t if p.range_id == 1) == [833_333, 833_333, 833_334]
+    assert len(tasks) == 3  # the small ranges join the big pieces' tasks only within the limit
+    tasks = pack_tasks(split_for_tasks([OffsetRange("t", 0, 0, 40, range_id=1)], 10), 100, slots=1)
+    assert len(tasks) == 4  # pieces of one partition: a consumer cannot hold two, whatever the room
+
+
+def test_fewer_pieces_than_slots_give_one_task_each():
+    pieces = [OffsetRange("t", p, 0, 10, range_id=p) for p in range(3)]
+    assert pack_tasks(pieces, 100, slots=8) == [[p] for p in pieces]
+    assert pack_tasks([], 100, slots=2) == []

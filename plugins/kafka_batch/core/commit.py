@@ -82,8 +82,7 @@ def commit_batch(
         if batch.kind == "replay":
             retire_ranges(cur, pipeline, _replaced(cur, batch_id), f"replay batch {batch_id}")
         else:
-            for r in batch.ranges:
-                store.move_position(cur, pipeline.name, batch_id, r)
+            store.move_positions(cur, pipeline.name, batch_id, batch.ranges)
         rows = sum(sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks)
         if quarantined is not None:
             store.quarantine(cur, pipeline.name, batch_id, quarantined)

@@ -6,6 +6,7 @@ plan. That keeps every decision unit-testable and identical wherever it runs.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, replace
 
@@ -187,3 +188,43 @@ def split_for_tasks(ranges: list[OffsetRange], max_records_per_task: int, min_ta
             replace(r, from_offset=lo, until_offset=hi) for lo, hi in itertools.pairwise(bounds) if hi > lo
         )
     return tasks
+
+
+def pack_tasks(pieces: list[OffsetRange], max_records_per_task: int, slots: int = 1) -> list[list[OffsetRange]]:
+    """Group the pieces of `split_for_tasks` into Spark tasks, each read by one consumer.
+
+    A task holds at most one piece per partition and at most `max_records_per_task` offsets (a
+    bigger piece stays alone, its cuts unchanged). There are at least `slots` tasks (the cores that
+    would otherwise idle) when there are that many pieces; each piece goes, biggest first, to the
+    least loaded task it fits, so many small ranges cost a few tasks instead of one each.
+    """
+    if max_records_per_task < 1 or slots < 1:
+        raise ValueError("max_records_per_task and slots must be >= 1")
+    total = sum(p.span for p in pieces)
+    count = min(len(pieces), max(slots, -(-total // max_records_per_task)))
+    tasks: list[list[OffsetRange]] = [[] for _ in range(count)]
+    partitions: list[set[tuple[str, int]]] = [set() for _ in range(count)]
+    heap = [(0, i) for i in range(count)]  # (load, task), least loaded first
+    for piece in sorted(pieces, key=lambda p: (-p.span, p.topic, p.partition, p.from_offset)):
+        where = (piece.topic, piece.partition)
+        skipped, chosen = [], None
+        while heap:
+            load, i = heapq.heappop(heap)
+            if load and load + piece.span > max_records_per_task:
+                skipped.append((load, i))  # the least loaded task is full: so is every other
+                break
+            if where in partitions[i]:
+                skipped.append((load, i))  # a consumer reads a partition from one offset only
+                continue
+            chosen = (load, i)
+            break
+        if chosen is None:
+            tasks.append([])
+            partitions.append(set())
+            chosen = (0, len(tasks) - 1)
+        load, i = chosen
+        tasks[i].append(piece)
+        partitions[i].add(where)
+        for item in [*skipped, (load + piece.span, i)]:
+            heapq.heappush(heap, item)
+    return [sorted(t, key=lambda p: (p.topic, p.partition, p.from_offset)) for t in tasks if t]

@@ -145,10 +145,28 @@ def _compare_and_set(cur, pipeline_name: str, topic: str, partition: int, expect
     return cur.rowcount == 1
 
 
-def move_position(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None:
-    """The core move: `from` -> `until`, only if the stored position is `from`; else nothing commits."""
-    if _compare_and_set(cur, pipeline_name, r.topic, r.partition, r.from_offset, r.until_offset, batch_id):
-        return
+def move_positions(cur, pipeline_name: str, batch_id: int, ranges: list[OffsetRange]) -> None:
+    """The core move for every range of a batch in one statement: `from` -> `until` on each row only
+    if its stored position is `from`; one range that does not match and nothing commits."""
+    keys = {(r.topic, r.partition) for r in ranges}
+    if len(keys) != len(ranges):
+        raise StateError(f"batch {batch_id}: two ranges of one partition; nothing was committed")
+    cur.execute(
+        "UPDATE kafka_batch.offsets o SET next_offset = r.until_offset, updated_at = now(), batch_id = %s"
+        " FROM (SELECT unnest(%s::text[]) AS topic, unnest(%s::int[]) AS partition,"
+        " unnest(%s::bigint[]) AS from_offset, unnest(%s::bigint[]) AS until_offset) r"
+        " WHERE o.pipeline = %s AND o.topic = r.topic AND o.partition = r.partition AND o.next_offset = r.from_offset"
+        " RETURNING o.topic, o.partition",
+        (batch_id, [r.topic for r in ranges], [r.partition for r in ranges], [r.from_offset for r in ranges],
+         [r.until_offset for r in ranges], pipeline_name),
+    )
+    moved = set(cur.fetchall())
+    for r in ranges:
+        if (r.topic, r.partition) not in moved:
+            _refuse_move(cur, pipeline_name, batch_id, r)
+
+
+def _refuse_move(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None:
     cur.execute(
         "SELECT next_offset FROM kafka_batch.offsets WHERE pipeline = %s AND topic = %s AND partition = %s",
         (pipeline_name, r.topic, r.partition),
@@ -455,13 +473,14 @@ def _copy_text(value) -> str:
 
 
 def record_range_counts(cur, counts: dict) -> None:
-    """Per range id, what it held (objects with `records`, `tombstones` and `invalid`)."""
-    for range_id, c in counts.items():
-        cur.execute(
-            "UPDATE kafka_batch.batch_ranges SET records_read = %s, records_tombstone = %s, records_invalid = %s"
-            " WHERE id = %s",
-            (c.records, c.tombstones, c.invalid, range_id),
-        )
+    """Per range id, what it held (objects with `records`, `tombstones` and `invalid`); one statement."""
+    ids = list(counts)
+    cur.execute(
+        "UPDATE kafka_batch.batch_ranges b SET records_read = c.records, records_tombstone = c.tombstones,"
+        " records_invalid = c.invalid FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS records,"
+        " unnest(%s::bigint[]) AS tombstones, unnest(%s::bigint[]) AS invalid) c WHERE b.id = c.id",
+        (ids, [counts[i].records for i in ids], [counts[i].tombstones for i in ids], [counts[i].invalid for i in ids]),
+    )
 
 
 def record_data_loss(cur, pipeline_name: str, batch_id: int) -> None:

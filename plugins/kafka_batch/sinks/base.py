@@ -200,6 +200,12 @@ class Sink(ABC):
         return ()
 
     @property
+    def columns_used(self) -> tuple[Column, ...] | None:
+        """Every column whose expression `compute` evaluates: the reader builds only the record columns
+        they name. None (the default) makes the reader build every record column."""
+        return None
+
+    @property
     def tables(self) -> tuple[str, ...]:
         """The public tables this sink writes (two pipelines may not share one)."""
         return (self.table,)

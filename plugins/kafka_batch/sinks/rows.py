@@ -51,6 +51,10 @@ class RowsSink(Sink):
         return cls(table, columns)
 
     @property
+    def columns_used(self) -> tuple[base.Column, ...]:
+        return self.columns
+
+    @property
     def column_names(self) -> list[str]:
         return [*KEY, *(c.name for c in self.columns)]
 

@@ -14,15 +14,15 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from kafka_batch import connections
+from kafka_batch import connections, timings
 from kafka_batch.config import Pipeline
 from kafka_batch.core import store
 from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
-from kafka_batch.core.ranges import OffsetRange, recheck_retention, split_for_tasks
+from kafka_batch.core.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.errors import INVALID_RECORD, FencedAttempt, InputError, KafkaBatchError, one_line
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.sinks.base import StageContext
-from kafka_batch.spark.reader import read_ranges
+from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
 from kafka_batch.spark.transform import invalid_records, parse_records
 
 log = logging.getLogger("kafka_batch.job")
@@ -115,11 +115,13 @@ def run_batch(
         attempt = store.claim_attempt(conn, batch_id, try_number)
     finally:
         conn.close()
+    timings.mark("batch_loaded")
     log.info("batch %s attempt %s: %d ranges, %d offsets (definition %s)", batch_id, attempt, len(batch.ranges),
              batch.span, batch.definition_hash[:12])
     try:
         outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, batch, attempt)
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
+        timings.mark("commit_start")
         conn = store.connect(postgres)
         try:
             if mode == "preview":
@@ -129,6 +131,7 @@ def run_batch(
             result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined)
         finally:
             conn.close()
+        timings.mark("commit_done")
     except Exception as exc:
         _record_failure(postgres, pipeline, batch_id, attempt, exc)
         raise
@@ -148,16 +151,20 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     finally:
         conn.close()
     limits = pipeline.limits
-    tasks = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read), pipeline)
-    read_tasks = records.rdd.getNumPartitions()
+    pieces = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
+    # Small ranges share a task (one consumer for several partitions); at least one task per core.
+    tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, spark.sparkContext.defaultParallelism))
+    read_tasks = len(tasks)  # one Spark partition, so one read task, each
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline)), pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
     with _FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch:
         try:
+            timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
-            quarantined = _quarantine(records, pipeline, batch, next(iter(outputs.values())).counts)
+            timings.mark("computed")
+            quarantined = _quarantine(spark, kafka, tasks, pipeline, batch, next(iter(outputs.values())).counts)
         except Exception as exc:
             if watch.fenced_by is not None:
                 raise FencedAttempt(
@@ -172,12 +179,22 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     return outputs, read_tasks, quarantined
 
 
-def _quarantine(records, pipeline: Pipeline, batch: store.Batch, counts: dict) -> pa.Table | None:
-    """The invalid records to quarantine, read again only when the sinks counted some; too many of
-    them (over max_invalid_ratio) fail the batch, naming the first ones."""
+def _columns(pipeline: Pipeline) -> tuple[str, ...]:
+    """The record columns the pipeline's expressions use (the reader builds only those)."""
+    used = [sink.columns_used for sink in pipeline.sinks]
+    if any(columns is None for columns in used):
+        return ALL_COLUMNS
+    return columns_used(c.expr for columns in used for c in columns)
+
+
+def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: store.Batch, counts: dict) -> pa.Table | None:
+    """The invalid records to quarantine, read again (with every column, the key and timestamp they
+    keep) only when the sinks counted some; too many of them (over max_invalid_ratio) fail the
+    batch, naming the first ones. The ranges are fixed, so the second read sees the same records."""
     invalid = sum(c.invalid for c in counts.values())
     if not invalid:
         return None
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read), pipeline)
     rows = invalid_records(records).orderBy("topic", "partition", "offset").toArrow()
     seen = sum(c.records + c.invalid for c in counts.values())
     limit = pipeline.limits.max_invalid_ratio
@@ -230,13 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         postgres = connections.postgres_params(connections.from_environment(args.postgres_conn))
+        timings.mark("job_main")
         from pyspark.sql import SparkSession
 
         spark = SparkSession.builder.appName(f"kafka_batch:batch-{args.batch_id}").getOrCreate()
+        timings.mark("session_ready")
         try:
             result = run_batch(spark, postgres, args.batch_id, args.try_number, args.mode)
         finally:
             spark.stop()
+            timings.mark("spark_stopped")
     except KafkaBatchError as exc:
         print(one_line(exc), file=sys.stderr)
         return exc.exit_code

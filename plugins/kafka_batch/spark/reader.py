@@ -1,76 +1,139 @@
-"""The createRDD idea on DataFrames: one Spark partition per fixed offset range, records as Arrow.
+"""The createRDD idea on DataFrames: fixed offset ranges read by Spark tasks, records as Arrow.
 
-The driver builds a one-row-per-task DataFrame in as many partitions as there are tasks; each
-executor task reads its sub-range with `kafka_source.read_range` and yields Arrow record batches,
-so a range is streamed, never held in memory whole. Code here runs on executors: no Airflow.
+The driver packs the (sub-)ranges into tasks (`core.ranges.pack_tasks`): a big range keeps its own
+task, many small ones share one, read by one consumer assigned to all their partitions. One Spark
+partition per task (`spark.range(n, numPartitions=n)`: partition i holds the number i, so no task
+rows are shipped through Python); each executor task reads its ranges with
+`kafka_source.read_partitions` and yields Arrow record batches, so a range is streamed, never held
+in memory whole. Only the record columns the pipeline uses are built. Code here runs on executors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from kafka_batch import timings
 from kafka_batch.config import ReadSettings
 from kafka_batch.core.ranges import OffsetRange
-from kafka_batch.kafka_source import read_range
+from kafka_batch.kafka_source import read_partitions
 
-TASK_SCHEMA = "range_id long, topic string, partition int, from_offset long, until_offset long"
-RECORD_SCHEMA = (
-    "range_id long, topic string, partition int, offset long, timestamp timestamp, timestamp_type int,"
-    " key binary, value binary, headers array<struct<key:string,value:binary>>"
-)
 _HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-_ARROW_SCHEMA = pa.schema([
-    ("range_id", pa.int64()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", pa.timestamp("us", tz="UTC")), ("timestamp_type", pa.int32()), ("key", pa.binary()),
-    ("value", pa.binary()), ("headers", _HEADER_TYPE),
-])
+# Every column a record can have: (name, Arrow type, Spark type).
+_COLUMNS = (
+    ("range_id", pa.int64(), "long"), ("topic", pa.string(), "string"), ("partition", pa.int32(), "int"),
+    ("offset", pa.int64(), "long"), ("timestamp", pa.timestamp("us", tz="UTC"), "timestamp"),
+    ("timestamp_type", pa.int32(), "int"), ("key", pa.binary(), "binary"), ("value", pa.binary(), "binary"),
+    ("headers", _HEADER_TYPE, "array<struct<key:string,value:binary>>"),
+)
+ALL_COLUMNS = tuple(name for name, _, _ in _COLUMNS)
+# What parsing, validation, error messages and the quarantine always need.
+BASE_COLUMNS = ("range_id", "topic", "partition", "offset", "value")
+_GETTERS = {"offset": Message.offset, "key": Message.key, "value": Message.value}
+RECORD_SCHEMA = ", ".join(f"`{name}` {spark}" for name, _, spark in _COLUMNS)
 
 
-def messages_to_arrow(messages: list[Any], range_id: int) -> pa.RecordBatch:
-    """Columns of one consumed batch; timestamps in microseconds UTC, null when the record has none."""
+def record_schema(columns: Iterable[str] = ALL_COLUMNS) -> str:
+    wanted = set(columns)
+    return ", ".join(f"`{name}` {spark}" for name, _, spark in _COLUMNS if name in wanted)
+
+
+def arrow_schema(columns: Iterable[str] = ALL_COLUMNS) -> pa.Schema:
+    wanted = set(columns)
+    return pa.schema([(name, arrow) for name, arrow, _ in _COLUMNS if name in wanted])
+
+
+def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timestamp", "timestamp_type", "key")) -> tuple:
+    """BASE_COLUMNS and the optional record columns named in any expression (a word match: a name in
+    a string literal only costs building a column; a real use is never missed)."""
+    words = set()
+    for expression in expressions:
+        words.update(w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expression))
+    return tuple(c for c in ALL_COLUMNS if c in BASE_COLUMNS or (c in optional and c in words))
+
+
+def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str] = ALL_COLUMNS) -> pa.RecordBatch:
+    """Columns of consumed records of one range's partition; timestamps in microseconds UTC, null when
+    the record has none. Each column is one pass in C (map over the Message methods); the range's
+    id, topic and partition are constants, never read per record."""
+    schema = arrow_schema(columns)
     n = len(messages)
-    timestamps = [m.timestamp() for m in messages]
-    headers = [m.headers() for m in messages]
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([range_id] * n, pa.int64()),
-            pa.array([m.topic() for m in messages], pa.string()),
-            pa.array([m.partition() for m in messages], pa.int32()),
-            pa.array([m.offset() for m in messages], pa.int64()),
-            pa.array([ts * 1000 if kind else None for kind, ts in timestamps], pa.int64()).cast(_ARROW_SCHEMA.field("timestamp").type),
-            pa.array([kind for kind, _ in timestamps], pa.int32()),
-            pa.array([m.key() for m in messages], pa.binary()),
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([[{"key": k, "value": v} for k, v in h] if h else None for h in headers], _HEADER_TYPE),
-        ],
-        schema=_ARROW_SCHEMA,
-    )
+    arrays = []
+    for field in schema:
+        name = field.name
+        if name in ("range_id", "topic", "partition"):
+            value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
+            arrays.append(pa.repeat(pa.scalar(value, field.type), n))
+        elif name in ("timestamp", "timestamp_type"):
+            kinds, stamps = zip(*map(Message.timestamp, messages), strict=True) if n else ((), ())
+            if name == "timestamp_type":
+                arrays.append(pa.array(kinds, pa.int32()))
+                continue
+            millis = pa.array(stamps, pa.int64())
+            if TIMESTAMP_NOT_AVAILABLE in kinds:
+                millis = pc.if_else(pc.equal(pa.array(kinds, pa.int32()), TIMESTAMP_NOT_AVAILABLE),
+                                    pa.scalar(None, pa.int64()), millis)
+            arrays.append(pc.multiply(millis, 1000).cast(field.type))
+        elif name == "headers":
+            arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
+                                    for h in map(Message.headers, messages)], field.type))
+        else:
+            arrays.append(pa.array(list(map(_GETTERS[name], messages)), field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _read_tasks(kafka_config: dict[str, Any], settings: dict[str, float]):
-    def read(task_batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for task_batch in task_batches:
-            for task in task_batch.to_pylist():
-                offset_range = OffsetRange(
-                    task["topic"], task["partition"], task["from_offset"], task["until_offset"], range_id=task["range_id"]
-                )
-                for messages in read_range(
-                    kafka_config, offset_range, int(settings["consume_batch_size"]),
-                    settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
-                ):
-                    yield messages_to_arrow(messages, task["range_id"])
+def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings: dict[str, float],
+              columns: Iterable[str] = ALL_COLUMNS) -> Iterator[pa.RecordBatch]:
+    """The records of one task's ranges (one consumer for all of them) as Arrow batches of about
+    `consume_batch_size` records: the small chunks of many partitions are joined, since every batch
+    costs Spark a fixed amount on its way to the JVM."""
+    columns = tuple(columns)
+    size = int(settings["consume_batch_size"])
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for r, messages in read_partitions(
+        kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
+    ):
+        pending.append(messages_to_arrow(messages, r, columns))
+        rows += len(messages)
+        if rows >= size:
+            yield _joined(pending)
+            pending, rows = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
+def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple):
+    def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in numbers:
+            for number in batch.column("id").to_pylist():
+                timings.mark("task_start", task=number)
+                ranges = [OffsetRange(t, p, lo, hi, range_id=rid) for rid, t, p, lo, hi in tasks[number]]
+                yield from read_task(kafka_config, ranges, settings, columns)
+                timings.mark("task_end", task=number)
 
     return read
 
 
-def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[OffsetRange], settings: ReadSettings):
-    """A DataFrame of the records of the given (sub-)ranges, one Spark partition per task."""
-    if not tasks:
-        raise ValueError("read_ranges needs at least one task")
-    rows = [(t.range_id, t.topic, t.partition, t.from_offset, t.until_offset) for t in tasks]
-    task_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)), TASK_SCHEMA)
-    return task_df.mapInArrow(_read_tasks(kafka_config, asdict(settings)), RECORD_SCHEMA)
+def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRange]], settings: ReadSettings,
+                columns: Iterable[str] = ALL_COLUMNS):
+    """A DataFrame of the records of the given packed tasks (lists of (sub-)ranges), one Spark
+    partition per task, with the given record columns."""
+    if not tasks or not all(tasks):
+        raise ValueError("read_ranges needs at least one task, and no empty one")
+    columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
+    plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
+    numbers = spark.range(0, len(plain), 1, len(plain))
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns), record_schema(columns))

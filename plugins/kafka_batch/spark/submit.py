@@ -8,6 +8,7 @@ so a failure here raises that kind again and callers decide about retries.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -32,6 +33,10 @@ SPARK_CONF = {
     "spark.task.maxFailures": "1",
     "spark.speculation": "false",
     "spark.ui.showConsoleProgress": "false",
+    # Start-up: a batch job needs no web UI (Jetty and its servlets cost seconds), keeps its Python
+    # workers for every task, and writes no event log unless the cluster's defaults ask for one.
+    "spark.ui.enabled": "false",
+    "spark.python.worker.reuse": "true",
 }
 
 
@@ -70,6 +75,10 @@ def spark_environment() -> dict[str, str]:
     home = java_home()
     if home:
         env["JAVA_HOME"] = home
+    spec = None if os.environ.get("SPARK_HOME") else importlib.util.find_spec("pyspark")
+    if spec is not None and spec.submodule_search_locations:
+        # The pip-installed Spark; spark-submit would otherwise start one more Python to find it.
+        env["SPARK_HOME"] = spec.submodule_search_locations[0]
     return env
 
 

@@ -47,7 +47,9 @@ def _reason(pipeline: Pipeline) -> Column:
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     parsed = records.withColumn("_parsed", F.from_json(F.col("value").cast("string"), _json_schema(pipeline)))
     fields = [F.col("_parsed").getField(name).alias(name) for name in pipeline.fields]
-    flat = parsed.select(*METADATA, *fields, F.col("value").isNull().alias("_tombstone"))
+    # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
+    metadata = [c for c in METADATA if c in records.columns]
+    flat = parsed.select(*metadata, *fields, F.col("value").isNull().alias("_tombstone"))
     checked = flat.withColumn("_invalid", _reason(pipeline))
     if pipeline.on_invalid_record == "quarantine":
         return checked
