@@ -26,9 +26,11 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -41,7 +43,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
-ROOT = Path(__file__).resolve().parents[1]
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
 RECOVERY_BOUND_S = 300
@@ -317,10 +318,13 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
     elif name.startswith("terminate-"):
         phase = name.removeprefix("terminate-")
         proc = start_run(pipeline, run_id, env)
-        if phase == "random":
+        if phase == "random":  # a random moment at which the pipeline has a session to lose
             time.sleep(rng.uniform(0, 20))
-            if proc.poll() is None and terminate_sessions():
-                landed["random"] += 1
+            while proc.poll() is None:
+                if terminate_sessions():
+                    landed["random"] += 1
+                    break
+                time.sleep(0.05)
         else:
             gate = CommitGate(tables["aggregate"])
             try:
@@ -404,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     conn = psycopg2.connect(**pg_params())
     store.apply_migrations(conn)
     conn.close()
-    pipelines_dir = Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", ROOT / "pipelines"))
+    # The suite's pipelines live in a directory of their own, never among the project's pipelines.
+    pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
+    env["KAFKA_BATCH_PIPELINES_DIR"] = os.environ["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
     results = {}
     for name in args.scenarios.split(","):
         outcome = results[name] = Outcome()
@@ -445,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"violations {len(outcome.violations)}, recovery {took:.0f}s", flush=True)
         finally:
             path.unlink(missing_ok=True)
+    shutil.rmtree(pipelines_dir, ignore_errors=True)
     rows = [(name, o.iterations, ", ".join(f"{k}: {v}" for k, v in sorted(o.faults.items())) or "0",
              o.records, len(o.violations), f"{o.worst_recovery_s:.0f}") for name, o in results.items()]
     print(tabulate(rows, headers=["scenario", "iterations", "faults landed", "records", "violations",
