@@ -43,6 +43,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
+from kafka_batch_dev import local_stack
+
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
 RECOVERY_BOUND_S = 300
@@ -275,18 +277,6 @@ def terminate_sessions() -> int:
     return len(sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", APP))
 
 
-def restart_postgres() -> None:
-    from kafka_batch_dev import local_stack
-
-    local_stack.restart_postgres()
-
-
-def restart_broker() -> None:
-    from kafka_batch_dev import local_stack
-
-    local_stack.restart_kafka()
-
-
 def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: random.Random,
              tables: dict[str, str]) -> Counter:
     """Strike once; returns what landed, by phase."""
@@ -350,11 +340,11 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
     elif name == "pg-restart":
         proc = start_run(pipeline, run_id, env)
         if wait_for("reading", pipeline, run_id, proc):
-            restart_postgres()
+            local_stack.restart("postgres")
             landed["reading"] += 1
         proc.wait()
     elif name == "broker-restart":
-        restart_broker()
+        local_stack.restart("kafka")
         landed["between"] += 1
     else:
         raise SystemExit(f"unknown scenario {name!r}")

@@ -101,6 +101,14 @@ def _outputs(pipeline, batch, attempt, views: int, page: str = "/") -> dict:
     return {"aggregate": _aggregate_output(batch, views, page), "rows": _rows_output(pipeline, batch, attempt, views, page)}
 
 
+def _committed(conn, pipeline, run_id: str, ranges: list[OffsetRange], views: int, page: str = "/"):
+    """Plan hand-made ranges and commit both sinks' hand-made outputs for them."""
+    batch = _plan(conn, pipeline, run_id, ranges)
+    attempt = store.claim_attempt(conn, batch.id)
+    commit_batch(conn, pipeline, batch.id, attempt, _outputs(pipeline, batch, attempt, views, page))
+    return batch
+
+
 def _state(pipeline):
     """Everything a refused commit must leave alone."""
     return (positions(pipeline.name), table_contents(pipeline), rows_contents(pipeline),
@@ -208,12 +216,8 @@ def test_sinks_remove_exactly_the_ranges_they_are_given(services):
     pipeline = new_pipeline("remove", partitions=0, rows=True)
     topic = pipeline.topics[0]
     conn = store_connection()
-    first = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
-    attempt = store.claim_attempt(conn, first.id)
-    commit_batch(conn, pipeline, first.id, attempt, _outputs(pipeline, first, attempt, 4, page="/a"))
-    second = _plan(conn, pipeline, "r2", [OffsetRange(topic, 0, 10, 20)])
-    attempt = store.claim_attempt(conn, second.id)
-    commit_batch(conn, pipeline, second.id, attempt, _outputs(pipeline, second, attempt, 3, page="/a"))
+    first = _committed(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)], 4, page="/a")
+    second = _committed(conn, pipeline, "r2", [OffsetRange(topic, 0, 10, 20)], 3, page="/a")
     assert table_contents(pipeline) == {("/a", MINUTE): (7, 70)}
 
     with store.transaction(conn) as cur:
@@ -230,9 +234,7 @@ def test_a_replay_swaps_and_its_preview_changes_nothing(services):
     pipeline = new_pipeline("swap", partitions=0, rows=True)
     topic = pipeline.topics[0]
     conn = store_connection()
-    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
-    attempt = store.claim_attempt(conn, batch.id)
-    commit_batch(conn, pipeline, batch.id, attempt, _outputs(pipeline, batch, attempt, 4, page="/old"))
+    _committed(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)], 4, page="/old")
 
     def replay(run_id):
         with store.transaction(conn) as cur:

@@ -450,24 +450,17 @@ def down(base: Path | None = None) -> None:
                            + "; ".join(survivors))
 
 
-def restart_postgres(base: Path | None = None) -> None:
-    """Stop Postgres (fast) and start it again on the same port: what the fault-injection suite does."""
+def restart(service: str, base: Path | None = None) -> None:
+    """Stop one service ("postgres" or "kafka") and start it again on the same port and data: what the
+    fault-injection suite does to the pipeline under it."""
     base = (base or home()).resolve()
     state = read_state(base)
-    left = stop_postgres(base)
+    stop, start = {"postgres": (lambda: stop_postgres(base), start_postgres),
+                   "kafka": (lambda: stop_kafka(state), start_kafka)}[service]
+    left = stop()
     if left:
-        raise RuntimeError(f"Postgres did not stop: {_describe_processes(left)}")
-    start_postgres(base, state)
-
-
-def restart_kafka(base: Path | None = None) -> None:
-    """Stop the broker and start it again on the same port and data."""
-    base = (base or home()).resolve()
-    state = read_state(base)
-    left = stop_kafka(state)
-    if left:
-        raise RuntimeError(f"the Kafka broker did not stop: {_describe_processes(left)}")
-    start_kafka(base, state)
+        raise RuntimeError(f"{service} did not stop: {_describe_processes(left)}")
+    start(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
 
 
