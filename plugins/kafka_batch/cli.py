@@ -186,7 +186,7 @@ def cmd_status(args) -> int:
     print(tabulate(
         [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
          for r in rows],
-        headers=["topic", "partition", "position", "last stable", "lag", "last batch"], intalign="right",
+        headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
     ))
     return 0
 
@@ -205,7 +205,7 @@ def cmd_quarantine(args) -> int:
     print(tabulate(
         [(r["topic"], r["partition"], r["offset"], r["batch_id"], r["value_bytes"], r["reason"][:80],
           repr(r["value_start"])[:40]) for r in rows],
-        headers=["topic", "partition", "offset", "batch", "bytes", "reason", "value starts"], intalign="right",
+        headers=["topic", "partition", "offset", "batch", "bytes", "reason", "value starts"],
     ))
     first = rows[-1]
     print(f"\nAfter fixing the pipeline definition, re-process a record's range with a replay, e.g.:\n"
