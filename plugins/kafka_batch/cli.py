@@ -207,7 +207,7 @@ def cmd_quarantine(args) -> int:
           repr(r["value_start"])[:40]) for r in rows],
         headers=["topic", "partition", "offset", "batch", "bytes", "reason", "value starts"],
     ))
-    first = rows[-1]
+    first = rows[0]  # the newest batch's first invalid record
     print(f"\nAfter fixing the pipeline definition, re-process a record's range with a replay, e.g.:\n"
           f"  kafka-batch replay --pipeline {pipeline.name} --topic {first['topic']} --partitions {first['partition']}"
           f" --from {first['offset']} --until {first['offset'] + 1} --dry-run")
