@@ -67,13 +67,17 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     assert positions(pipeline.name) == {(topic, 0): 100} and table_contents(pipeline) == first
     assert _data_loss(pipeline.name) == []
 
-    # The operator accepts the loss: the same batch now records it and reads what is left.
+    # The failed batch keeps the definition it was planned with: retrying it fails the same way.
+    assert run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2", check=False).returncode == 5
+    # The operator accepts the loss: the next run plans with the policy in force, past the gap, and
+    # records it; the failed batch is superseded.
     second = ground_truth(topic)  # offsets 130..200
     update_pipeline(pipeline.name, on_data_loss="skip")
-    run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2")
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2-accepted")
+    assert _batch_status(pipeline.name, "r2") == "superseded"
     assert positions(pipeline.name) == {(topic, 0): 200}
     assert table_contents(pipeline) == merged(first, second)
-    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2")]
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2-accepted")]
 
     # Deleted before planning: the planner plans past the gap and the commit records it.
     _produce(topic, 100, seed=3)
@@ -82,14 +86,14 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     run_cli("run", "--pipeline", pipeline.name, "--run-id", "r3")
     assert positions(pipeline.name) == {(topic, 0): 300}
     assert table_contents(pipeline) == merged(first, second, third)
-    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2"), (topic, 0, 200, 250, "r3")]
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2-accepted"), (topic, 0, 200, 250, "r3")]
 
     # Back to `fail`: the planner refuses, nothing is planned or changed.
     update_pipeline(pipeline.name, on_data_loss="fail")
     _produce(topic, 50, seed=4)
     delete_records(topic, 0, 320)
     refused = run_cli("run", "--pipeline", pipeline.name, "--run-id", "r4", check=False)
-    assert refused.returncode == 2
+    assert refused.returncode == 5  # data loss: an operator decides, never retried
     assert f"{topic}[0]: data loss: stored position 300 is below the earliest available offset 320" in refused.stderr
     assert positions(pipeline.name) == {(topic, 0): 300}
     assert table_contents(pipeline) == merged(first, second, third)
