@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     conn.close()
     # The suite's pipelines live in a directory of their own, never among the project's pipelines.
     pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
-    env["KAFKA_BATCH_PIPELINES_DIR"] = os.environ["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
+    env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
     results = {}
     for name in args.scenarios.split(","):
         outcome = results[name] = Outcome()
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         path = pipelines_dir / f"{pipeline}.yaml"
         path.write_text(yaml.safe_dump(definition, sort_keys=False))
         conn = psycopg2.connect(**pg_params())
-        store.ensure_pipeline(conn, load_pipeline(pipeline))  # setup: the tables exist before the first fault
+        store.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
         conn.close()
         previous: dict = {}
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -16,6 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 def _chaos():
     spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["chaos"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
