@@ -6,9 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # spark-submit finds SPARK_HOME through the python3 on PATH: keep the venv first.
 export PATH := $(abspath $(BIN)):$(PATH)
-WITH_ENV := source .local/env.sh &&
+# Where the local services keep their data, logs and env.sh; every target below honours it.
+export KAFKA_BATCH_HOME ?= $(CURDIR)/.local
+WITH_ENV := source "$(KAFKA_BATCH_HOME)/env.sh" &&
 
-.PHONY: install up down demo test test-browser test-unit lint bench chaos lock clean chromium
+.PHONY: install up airflow down demo test test-browser test-unit lint bench chaos lock clean chromium
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +22,10 @@ install: $(STAMP)
 
 up: install
 	$(BIN)/kafka-batch local up
+
+# The Airflow UI with the console page, on loopback: api-server, scheduler, dag-processor, triggerer.
+airflow: install
+	$(BIN)/kafka-batch local up --airflow
 
 down:
 	@if [ -x $(BIN)/kafka-batch ]; then $(BIN)/kafka-batch local down; fi
@@ -60,4 +66,4 @@ lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt
 
 clean: down
-	rm -rf .local
+	rm -rf "$(KAFKA_BATCH_HOME)"

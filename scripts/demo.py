@@ -15,7 +15,7 @@ import psycopg2
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
-from kafka_batch_dev import sample_data
+from kafka_batch_dev import local_stack, sample_data
 
 PIPELINE = "page_views"
 FIRST, SECOND = 20_000, 5_000
@@ -76,7 +76,8 @@ def main() -> int:
                 return 1
             before = after
     conn.close()
-    print("\nDemo done. `make down` stops the local services; data stays in .local/.")
+    print(f"\nDemo done. {local_stack.console_hint()}\n"
+          f"`make down` stops the local services; data stays in {local_stack.home()}.")
     return 0
 
 

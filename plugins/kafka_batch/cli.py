@@ -9,10 +9,17 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
 import os
+import re
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psycopg2
 from confluent_kafka import KafkaException
@@ -20,7 +27,7 @@ from tabulate import tabulate
 
 from kafka_batch import connections, timings
 from kafka_batch.config import load_pipeline, optional_time_ms
-from kafka_batch.core import planning, report, resets, store
+from kafka_batch.core import inspection, planning, report, resets, store
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import KafkaBatchError, ServiceError, one_line
 from kafka_batch.kafka_source import KafkaOffsets
@@ -33,15 +40,55 @@ def _services(pipeline):
     return store.connect(postgres), kafka
 
 
-def submit_batch(pipeline, batch_id: int, mode: str = "commit") -> None:
-    """spark-submit the batch through the same call the DAG's operator makes."""
+def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = True) -> None:
+    """spark-submit the batch through the same call the DAG's operator makes. Unless `verbose`, Spark's
+    output goes to a file and only the job's own lines (what it does, its progress) are shown."""
     timings.mark("submit_prepare")
     postgres = connections.from_environment(pipeline.connections.postgres)
     conns = (postgres, connections.from_environment(pipeline.connections.kafka))
-    with submit.spark_submit_hook(pipeline, batch_id, conns, mode=mode) as hook:
+    with submit.spark_submit_hook(pipeline, batch_id, conns, mode=mode) as hook, \
+            _spark_output(pipeline.name, batch_id, verbose) as logger:
+        if logger is not None:
+            hook._log = logger  # LoggingMixin's logger: the hook logs every spark-submit line through it
         timings.mark("submit_start")
         submit.run(hook, batch_id, connections.postgres_params(postgres))
         timings.mark("submit_done")
+
+
+_JOB_LINE = re.compile(r"\bkafka_batch\.job: (.*)$")
+
+
+class _JobLines(logging.Handler):
+    """Shows the Spark job's own log lines on the terminal (the rest stays in the file)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _JOB_LINE.search(record.getMessage())
+        if match:
+            print(f"  {match.group(1)}", flush=True)
+
+
+@contextmanager
+def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[logging.Logger | None]:
+    """A logger writing spark-submit's output to a file under KAFKA_BATCH_LOG_DIR (default: the temp
+    directory) and showing the job's lines; None (Airflow's logging, on the terminal) when `verbose`."""
+    if verbose:
+        yield None
+        return
+    directory = Path(os.environ.get("KAFKA_BATCH_LOG_DIR") or Path(tempfile.gettempdir()) / "kafka-batch-logs")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{pipeline_name}-batch-{batch_id}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger(f"kafka_batch.cli.spark_submit.{batch_id}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.handlers = [to_file, _JobLines()]
+    print(f"Spark's log: {path} (--verbose shows it here)", flush=True)
+    try:
+        yield logger
+    finally:
+        logger.handlers = []
+        to_file.close()
 
 
 def cmd_plan(args) -> int:
@@ -66,18 +113,31 @@ def _cli_run_id() -> str:
     return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _execute(pipeline, batch, mode: str = "commit") -> dict:
-    """spark-submit a batch that still has to run (a committed one is left alone), then report it.
+def _execute(pipeline, batch, mode: str = "commit", verbose: bool = True) -> dict:
+    """spark-submit a batch that still has to run (a committed one is left alone), then report it, with
+    its ranges and the wall-clock seconds of the run.
 
     The report opens its own connection: one held idle through a long Spark run may have been dropped.
     """
+    started = time.monotonic()
     if batch.runnable:
-        submit_batch(pipeline, batch.id, mode)
+        submit_batch(pipeline, batch.id, mode, verbose)
+    seconds = time.monotonic() - started
     conn, kafka = _services(pipeline)
     try:
-        return report.report(conn, kafka, pipeline, batch.id)
+        return {**report.report(conn, kafka, pipeline, batch.id), "seconds": seconds,
+                "range_counts": inspection.batch_ranges(conn, batch.id)}
     finally:
         conn.close()
+
+
+def _print_ranges(summary: dict) -> None:
+    """The summary table of a run: what each range read."""
+    rows = [(r["topic"], r["partition"], r["from_offset"], r["until_offset"], r["records_read"],
+             r["records_tombstone"], r["records_invalid"]) for r in summary["range_counts"]]
+    if rows:
+        print(tabulate(rows, headers=["topic", "partition", "from", "until", "records", "tombstones", "invalid"],
+                       missingval="-"))
 
 
 def cmd_run(args) -> int:
@@ -90,11 +150,13 @@ def cmd_run(args) -> int:
     finally:
         conn.close()
     print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
-    summary = _execute(pipeline, batch)
+    summary = _execute(pipeline, batch, verbose=args.verbose)
+    _print_ranges(summary)
     invalid = summary["records_invalid"]
     quarantined = f", {invalid} quarantined (kafka-batch quarantine --pipeline {pipeline.name})" if invalid else ""
-    print(f"batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records{quarantined};"
-          f" lag {summary['lag']}")
+    records = summary["records_read"] or 0
+    rate = f" in {summary['seconds']:.0f} s ({records / summary['seconds']:,.0f} records/s)" if batch.runnable else ""
+    print(f"batch {summary['batch_id']} {summary['status']}: {records} records{rate}{quarantined}; lag {summary['lag']}")
     return 0
 
 
@@ -109,14 +171,22 @@ def _partition_list(text: str) -> tuple[int, ...]:
     return partitions
 
 
-def _offset(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"an offset is a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"an offset is >= 0, got {value}")
-    return value
+def _whole_number(what: str, minimum: int):
+    """An argparse type: a whole number >= minimum, else one clear error line naming `what`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} is a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} is >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_offset = _whole_number("an offset", 0)
+_count = _whole_number("a count", 1)
 
 
 def _offset_request(args, *, target: bool = False) -> OffsetRequest:
@@ -145,13 +215,14 @@ def cmd_replay(args) -> int:
           " (the request widened to whole ranges):")
     for r in batch.ranges:
         print(f"  {r}")
-    summary = _execute(pipeline, batch, "preview" if args.dry_run else "commit")
+    summary = _execute(pipeline, batch, "preview" if args.dry_run else "commit", verbose=args.verbose)
     if args.dry_run:
         print(f"replay {summary['batch_id']} previewed, nothing committed; {len(summary['preview'])} group key(s)"
               " would change (before -> after):")
         for row in summary["preview"]:
             print(f"  {row['table']} {json.dumps(row['group_key'])}: {json.dumps(row['before'])} -> {json.dumps(row['after'])}")
         return 0
+    _print_ranges(summary)
     print(f"replay batch {summary['batch_id']} {summary['status']}: {summary['records_read']} records recomputed")
     return 0
 
@@ -191,6 +262,26 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_batches(args) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    conn, _ = _services(pipeline)
+    try:
+        rows = inspection.batches(conn, pipeline.name, args.last)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps({"pipeline": pipeline.name, "batches": rows}, indent=2, default=str))
+        return 0
+    print(tabulate(
+        [(b["id"], b["kind"], b["status"], b["run_id"], b["try_number"], len(b["ranges"]), b["records_read"],
+          b["records_invalid"], None if b["duration_s"] is None else round(b["duration_s"], 1),
+          (b["error"] or "")[:60]) for b in rows],
+        headers=["batch", "kind", "status", "run id", "try", "ranges", "records", "invalid", "seconds", "error"],
+        missingval="-",
+    ))
+    return 0
+
+
 def cmd_quarantine(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, _ = _services(pipeline)
@@ -217,7 +308,7 @@ def cmd_quarantine(args) -> int:
 def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
-    return local_stack.main([args.action])
+    return local_stack.main([args.action, *(["--airflow"] if args.airflow else [])])
 
 
 def _operator() -> str:
@@ -232,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="the run that owns the batch; the same id returns the same batch")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("run", help="plan, execute with Spark and commit one batch")
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("--verbose", action="store_true",
+                         help="show Spark's whole log here (default: in a file, with the job's progress shown)")
+    p = sub.add_parser("run", parents=[verbose], help="plan, execute with Spark and commit one batch")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--run-id", help="re-run the batch of this run id (a committed batch is a no-op)")
     p.set_defaults(func=cmd_run)
@@ -240,9 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", required=True)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("batches", help="the newest batches: kind, status, run, ranges, records, duration, error")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--last", type=_count, default=20, help="how many, newest first; default 20")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_batches)
     p = sub.add_parser("quarantine", help="records the pipeline could not process, with their reasons")
     p.add_argument("--pipeline", required=True)
-    p.add_argument("--last", type=int, default=50, help="how many (newest batches first); default 50")
+    p.add_argument("--last", type=_count, default=50, help="how many (newest batches first); default 50")
     p.set_defaults(func=cmd_quarantine)
     # What replay and reset both act on, and who asks.
     partitions = argparse.ArgumentParser(add_help=False)
@@ -251,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     partitions.add_argument("--partitions", type=_partition_list,
                             help="comma-separated; default: every partition the pipeline has read")
     partitions.add_argument("--by", default=_operator(), help="who asks (recorded); default: the OS user")
-    p = sub.add_parser("replay", parents=[partitions],
+    p = sub.add_parser("replay", parents=[partitions, verbose],
                        help="recompute committed ranges and swap their contributions (positions stay)")
     p.add_argument("--from", dest="from_offset", type=_offset)
     p.add_argument("--until", dest="until_offset", type=_offset)
@@ -268,8 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True)
     p.add_argument("--execute", action="store_true", help="apply the reset (default: show it only)")
     p.set_defaults(func=cmd_reset)
-    p = sub.add_parser("local", help="start/stop the embedded local services")
+    p = sub.add_parser("local", help="start/stop the embedded local services (up --airflow: with Airflow's servers)")
     p.add_argument("action", choices=["up", "down", "env"])
+    p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "
+                   "dag-processor and triggerer on loopback")
     p.set_defaults(func=cmd_local)
     return parser
 

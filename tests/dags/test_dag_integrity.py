@@ -125,6 +125,20 @@ def test_compose_defines_every_connection_and_service_the_pipelines_use():
     assert "PYTHONPATH" not in str(services)  # dependencies are baked into the image
 
 
+def test_compose_services_are_checked_healthy_and_share_one_jwt_secret():
+    compose = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    one_shot = {name for name, s in services.items() if s.get("restart") == "no"}
+    assert one_shot == {"airflow-init"}
+    for name, service in services.items():
+        assert name in one_shot or service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for needed, condition in service.get("depends_on", {}).items():
+            wanted = "service_completed_successfully" if needed in one_shot else "service_healthy"
+            assert condition == {"condition": wanted}, (name, needed, condition)
+    for name in (n for n in services if n.startswith("airflow-")):  # from .env, the same for every component
+        assert services[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"] == "${AIRFLOW_JWT_SECRET}", name
+
+
 
 def test_secrets_file_is_never_committed_and_the_example_names_every_variable():
     """Users copy .env.example to .env (the README says so): git must ignore it, and the example must

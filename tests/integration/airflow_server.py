@@ -1,25 +1,21 @@
-"""A real Airflow api-server for the console tests: on a free loopback port, with the project's plugin,
-the simple auth manager (a known user and password) and the test services' connections.
-
-Stopped by its process group id at the end; nothing is left listening.
+"""A real Airflow for the console tests, started as `make airflow` starts it: on a free loopback port, with
+the project's plugin, the simple auth manager (its admin user and generated password) and the test
+services' connections. Stopped at the end; nothing is left listening.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from kafka_batch_dev import local_stack
 
 
 @dataclass(frozen=True)
@@ -40,13 +36,19 @@ class Server:
 
     def get(self, path: str, token: str | None = None, cookie: str | None = None, timeout: float = 60) -> tuple[int, str]:
         """(status, body) of a GET; no redirect is followed."""
-        headers = {"Accept": "application/json"}
+        return self.call("GET", path, token=token, cookie=cookie, timeout=timeout)
+
+    def call(self, method: str, path: str, body: dict | None = None, token: str | None = None,
+             cookie: str | None = None, timeout: float = 60) -> tuple[int, str]:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         if cookie:
             headers["Cookie"] = f"_token={cookie}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=headers), timeout=timeout) as r:
+            with urllib.request.urlopen(request, timeout=timeout) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -59,51 +61,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def api_server(home: Path, extra_env: dict[str, str] | None = None) -> Iterator[Server]:
-    """`airflow api-server` with the environment of the running test services (os.environ)."""
-    port = free_port()
-    username, password = "operator", "pw-" + secrets.token_hex(8)
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({username: password}))
-    env = {
-        **os.environ,
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}/",
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{username}:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
-        **(extra_env or {}),
-    }
-    log = home / "api-server.log"
-    airflow = str(Path(sys.executable).parent / "airflow")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}/", username, password, log)
+def airflow(extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+    """Airflow as `make airflow` starts it (api-server, scheduler, dag-processor, triggerer), on the test
+    services and a free loopback port; every component is stopped at the end."""
+    base = Path(os.environ["AIRFLOW_HOME"]).parent
+    state = local_stack.read_state(base)
+    state["airflow_port"] = free_port()
+    connections = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"api-server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                if server.get("api/v2/monitor/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"api-server did not answer within 180s:\n{log.read_text()[-4000:]}")
-            time.sleep(1)
-        yield server
+        url = local_stack.start_airflow(base, state, {**connections, **(extra_env or {})})
+        yield Server(url, *local_stack.airflow_login(base), base / "airflow-api-server.log")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        left = local_stack.stop_airflow(state)
+        assert not left, f"Airflow processes survived: {left}"

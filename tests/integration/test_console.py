@@ -1,22 +1,35 @@
-"""The console page (an Airflow 3 plugin) through a real api-server: who may read it, what it says
-when a broker does not answer, that no response holds a connection detail, and (marker `browser`)
-that a real browser logged in to Airflow shows the positions, lag and batches that Postgres and Kafka hold.
+"""The console page (an Airflow 3 plugin) in a real Airflow started as `make airflow` starts it: who may
+read it, what it says when a broker does not answer, that no response holds a connection detail, that a
+DAG triggered through the API runs through the scheduler with nothing listening beyond loopback, and
+(marker `browser`) that a real browser logged in to Airflow shows the positions, lag and batches that
+Postgres and Kafka hold.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_batch_dev import sample_data
+from kafka_batch_dev import local_stack, sample_data
 from tests.conftest import FAKE_PASSWORD
-from tests.integration.airflow_server import api_server, free_port
-from tests.integration.helpers import batches_of, kafka_config, new_pipeline, positions, run_cli
+from tests.integration.airflow_server import airflow, free_port
+from tests.integration.helpers import (
+    batches_of,
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    positions,
+    run_cli,
+    table_contents,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +53,9 @@ def pipelines(services):
 
 
 @pytest.fixture(scope="module")
-def server(services, pipelines, tmp_path_factory):
+def server(services, pipelines):
     dead_broker = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}})
-    with api_server(tmp_path_factory.mktemp("api_server"), {f"AIRFLOW_CONN_{DEAD_KAFKA.upper()}": dead_broker}) as s:
+    with airflow({f"AIRFLOW_CONN_{DEAD_KAFKA.upper()}": dead_broker}) as s:
         yield s
 
 
@@ -82,6 +95,58 @@ def test_a_broker_that_does_not_answer_is_that_pipelines_error_and_nothing_leaks
     for text in bodies:
         assert FAKE_PASSWORD not in text
         assert "127.0.0.1" not in text and "bootstrap" not in text
+
+
+def _listening(base: Path) -> set[tuple[str, str, int]]:
+    """(process name, address, port) of every socket listening in a process the local stack started
+    (Postgres, the broker, Airflow's components and their children: task runners, spark-submit, the JVM)."""
+    state = local_stack.read_state(base)
+    leaders = {state["kafka_pid"], local_stack._postmaster_pid(base / "postgres")}
+    leaders |= {entry["pid"] for entry in state.get("airflow", {}).values()}
+    ours = local_stack._family(leaders, leaders)
+    found = set()
+    for conn in psutil.net_connections("inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in ours:
+            try:
+                name = psutil.Process(conn.pid).name()
+            except psutil.NoSuchProcess:
+                continue
+            found.add((name, conn.laddr.ip, conn.laddr.port))
+    return found
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
+
+
+def test_a_dag_triggered_through_the_api_runs_on_the_scheduler_listening_on_loopback_only(server, services):
+    pipeline = new_pipeline("consoledag", partitions=2)
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 400, seed=95)
+    token = server.token()
+    dag = f"api/v2/dags/{pipeline.dag_id}"
+    deadline = time.monotonic() + 120
+    while server.get(dag, token=token)[0] != 200:  # the dag-processor parses the new file
+        assert time.monotonic() < deadline, "the DAG of the new pipeline was never parsed"
+        time.sleep(2)
+    assert server.call("PATCH", dag, {"is_paused": False}, token=token)[0] == 200
+    status, body = server.call("POST", dag + "/dagRuns", {"logical_date": None}, token=token)
+    assert status == 200, body
+    run = f"{dag}/dagRuns/{json.loads(body)['dag_run_id']}"
+
+    base, sockets, state = Path(os.environ["AIRFLOW_HOME"]).parent, set(), None
+    deadline = time.monotonic() + 600
+    while state not in ("success", "failed"):
+        assert time.monotonic() < deadline, f"the DAG run did not end: {state}"
+        sockets |= _listening(base)
+        state = json.loads(server.get(run, token=token)[1])["state"]
+        time.sleep(0.5)
+    assert state == "success", server.get(f"{run}/taskInstances", token=token)[1][:3000]
+    assert table_contents(pipeline) == ground_truth(topic)
+    # The run's Spark driver was seen listening (the check looked while it ran), and on loopback only.
+    assert any(name == "java" for name, _, _ in sockets), sockets
+    assert {s for s in sockets if not _loopback(s[1])} == set(), sockets
 
 
 def _last_stable_offsets(topic: str, partitions: list[int]) -> dict[int, int]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import sqlalchemy
@@ -163,6 +165,14 @@ def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services)
 
     result = run_cli("run", "--pipeline", pipeline.name)
     assert "2 quarantined" in result.stdout
+    # Quiet by default: the job's own lines and a summary table on the terminal, Spark's log in a file.
+    [log_line] = [line for line in result.stdout.splitlines() if line.startswith("Spark's log: ")]
+    assert "INFO SparkContext" in Path(log_line.split()[2]).read_text()
+    assert "SparkContext" not in result.stdout + result.stderr
+    assert [topic, "0", "0", "62", "60", "0", "2"] in [line.split() for line in result.stdout.splitlines()]
+    assert re.search(r"batch \d+ committed: 60 records in \d+ s \([\d,]+ records/s\), 2 quarantined", result.stdout)
+    batches = json.loads(run_cli("batches", "--pipeline", pipeline.name, "--last", "5", "--json").stdout)
+    assert [(b["status"], b["records_read"], b["records_invalid"]) for b in batches["batches"]] == [("committed", 60, 2)]
     assert table_contents(pipeline) == ground_truth(topic, select=clean)
     assert rows_contents(pipeline) == rows_truth(topic, select=clean)
     assert positions(pipeline.name) == {(topic, 0): 62}  # the clean records after them committed too

@@ -15,6 +15,8 @@ REPLAY = ["replay", "--pipeline", "p", "--topic", "t"]
     (REPLAY + ["--from", "-5", "--until", "3"], "an offset is >= 0, got -5"),
     (REPLAY + ["--from", "x", "--until", "3"], "an offset is a whole number, got 'x'"),
     (["reset", "--pipeline", "p", "--topic", "t", "--reason", "r", "--to-offset", "-1"], "an offset is >= 0"),
+    (["batches", "--pipeline", "p", "--last", "0"], "a count is >= 1, got 0"),
+    (["quarantine", "--pipeline", "p", "--last", "many"], "a count is a whole number, got 'many'"),
 ])
 def test_bad_arguments_are_one_clear_error(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -30,3 +32,5 @@ def test_good_arguments_are_parsed():
     args = build_parser().parse_args(REPLAY + ["--partitions", "0,2", "--from", "0", "--until", "10"])
     assert (args.partitions, args.from_offset, args.until_offset) == ((0, 2), 0, 10)
     assert build_parser().parse_args(["status", "--pipeline", "p", "--json"]).json
+    assert build_parser().parse_args(["batches", "--pipeline", "p", "--last", "3", "--json"]).last == 3
+    assert not build_parser().parse_args(["run", "--pipeline", "p"]).verbose

@@ -5,6 +5,8 @@
 - A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
   never depends on it, and the tests also run against a real Kafka given by address).
 - Spark `local[*]` and Airflow need no server: `spark-submit` and `airflow dags test` run in place.
+  `up --airflow` (`make airflow`) also starts Airflow's api-server, scheduler, dag-processor and
+  triggerer on loopback, with the simple auth manager's `admin` user and a generated password.
 
 State lives in `$KAFKA_BATCH_HOME` (default `.local/`): data directories, logs, pids and `env.sh`,
 which exports the `AIRFLOW_CONN_*` connections and `AIRFLOW_HOME` for every other command.
@@ -26,6 +28,7 @@ import importlib.util
 import json
 import os
 import pwd
+import secrets
 import shlex
 import signal
 import socket
@@ -33,6 +36,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from kafka_batch.config import PROJECT_ROOT
@@ -43,6 +47,10 @@ AIRFLOW_DATABASE = "airflow"
 KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the broker
 PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to disappear
+AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+AIRFLOW_STOP_GRACE = 30.0  # seconds a component gets to stop its own workers
+AIRFLOW_PORT = 8080  # the api-server's port when it is free, else any free one (kept across restarts)
+AIRFLOW_USER = "admin"
 
 
 def home() -> Path:
@@ -134,10 +142,12 @@ def _signal(pids: set[int], groups: set[int], sig: signal.Signals) -> None:
             pass
 
 
-def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]]) -> set[int]:
+def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]],
+                    only_given: bool = False) -> set[int]:
     """Send each signal of `steps` in turn, waiting up to its time for `pids`, their process groups
-    `groups` and their descendants to exit; return the processes still running after the last step."""
-    tracked = _family(pids, groups)
+    `groups` and their descendants to exit; return the processes still running after the last step.
+    `only_given`: signal and wait for `pids` alone."""
+    tracked = {pid for pid in pids if _pid_alive(pid)} if only_given else _family(pids, groups)
     for sig, wait in steps:
         if not tracked:
             break
@@ -145,7 +155,7 @@ def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.S
         deadline = time.monotonic() + wait
         while True:
             # Children the dying ones leave behind are reparented: follow them while their parent is known.
-            tracked = {pid for pid in tracked | _family(tracked, groups) if _pid_alive(pid)}
+            tracked = {pid for pid in (tracked if only_given else tracked | _family(tracked, groups)) if _pid_alive(pid)}
             if not tracked or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -303,24 +313,31 @@ def start_kafka(base: Path, state: dict) -> None:
     state["kafka_started"] = info[3] if info else None
 
 
-def _kafka_running(state: dict) -> bool:
-    """The broker recorded in `state` still runs (and its pid was not reused by another process)."""
-    pid = state.get("kafka_pid")
+def _still_running(pid: int | None, started: int | None) -> bool:
+    """The process we started still runs (its pid was not reused by another process since)."""
     if not _pid_alive(pid):
         return False
     info = _proc_stat(pid)
-    return info is None or state.get("kafka_started") in (None, info[3])
+    return info is None or started in (None, info[3])
+
+
+def _kafka_running(state: dict) -> bool:
+    return _still_running(state.get("kafka_pid"), state.get("kafka_started"))
 
 
 def stop_kafka(state: dict) -> set[int]:
     """Stop the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE; return survivors."""
     if not _kafka_running(state):
         return set()
-    pid = state["kafka_pid"]
+    return _stop_group(state["kafka_pid"], "the Kafka broker")
+
+
+def _stop_group(pid: int, what: str) -> set[int]:
+    """SIGTERM to the process group `pid` leads, SIGKILL after KAFKA_STOP_GRACE; return survivors."""
     groups = {pid} if _is_group_leader(pid) else set()
     left = _stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
     if left:
-        print(f"kafka-batch local: the Kafka broker ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
+        print(f"kafka-batch local: {what} ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
               f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
         left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
@@ -396,6 +413,27 @@ def airflow_env(base: Path, state: dict) -> dict[str, str]:
             f"postgresql+psycopg2://postgres@127.0.0.1:{state['postgres_port']}/{AIRFLOW_DATABASE}",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "KAFKA_BATCH_PIPELINES_DIR": os.environ.get("KAFKA_BATCH_PIPELINES_DIR", str(PROJECT_ROOT / "pipelines")),
+        # Local Spark's driver, block manager and UI bind to loopback, like every other local service.
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def _airflow_server_env(base: Path, state: dict, jwt_secret: str) -> dict[str, str]:
+    """Settings of the local Airflow servers: loopback only, the simple auth manager, one JWT secret shared by
+    the api-server and the task runners (they call its execution API)."""
+    port = state.get("airflow_port", AIRFLOW_PORT)
+    return {
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}/",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",  # task processes at once (default 32, too many for a workstation)
+        "AIRFLOW__CORE__AUTH_MANAGER":
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{AIRFLOW_USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(base / "airflow" / "passwords.json"),
+        "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,
     }
 
 
@@ -434,11 +472,93 @@ def up(base: Path | None = None) -> dict[str, str]:
     return env
 
 
+def _airflow_secrets(base: Path) -> tuple[str, str]:
+    """(admin password, JWT secret): generated once, kept in files only the owner can read."""
+    directory = base / "airflow"
+    directory.mkdir(parents=True, exist_ok=True)
+    passwords, jwt = directory / "passwords.json", directory / "jwt_secret"
+    if not passwords.exists():
+        passwords.write_text(json.dumps({AIRFLOW_USER: secrets.token_urlsafe(12)}))
+        passwords.chmod(0o600)
+    if not jwt.exists():
+        jwt.write_text(secrets.token_hex(32))
+        jwt.chmod(0o600)
+    return json.loads(passwords.read_text())[AIRFLOW_USER], jwt.read_text().strip()
+
+
+def _airflow_running(state: dict, name: str) -> bool:
+    entry = state.get("airflow", {}).get(name)
+    return bool(entry) and _still_running(entry["pid"], entry["started"])
+
+
+def airflow_login(base: Path | None = None) -> tuple[str, str]:
+    """(user, password) of the local Airflow UI."""
+    return AIRFLOW_USER, _airflow_secrets((base or home()).resolve())[0]
+
+
+def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = None) -> str:
+    """Start the Airflow components that are not running yet; return the UI's URL once it answers.
+    `extra_env` overrides the local services' environment (the tests add their connections).
+
+    The scheduler and triggerer run without their log servers (those bind every interface): the
+    api-server reads the task logs from the shared AIRFLOW_HOME directly.
+    """
+    if "airflow_port" not in state:
+        state["airflow_port"] = AIRFLOW_PORT if not _port_open(AIRFLOW_PORT) else _free_port()
+    _, jwt_secret = _airflow_secrets(base)
+    env = {**os.environ, **environment(base), **(extra_env or {}), **_airflow_server_env(base, state, jwt_secret)}
+    airflow = str(Path(sys.executable).parent / "airflow")
+    flags = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
+    processes = state.setdefault("airflow", {})
+    for name in AIRFLOW_COMPONENTS:
+        if _airflow_running(state, name):
+            continue
+        log = base / f"airflow-{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([airflow, name, *flags.get(name, [])], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        info = _proc_stat(proc.pid)
+        processes[name] = {"pid": proc.pid, "started": info[3] if info else None}
+    _state_path(base).write_text(json.dumps(state, indent=2))
+    url = f"http://127.0.0.1:{state['airflow_port']}/"
+    _wait(lambda: _http_ok(url + "api/v2/monitor/health") or not _airflow_running(state, "api-server"),
+          "the Airflow api-server", base / "airflow-api-server.log", timeout=180)
+    dead = [name for name in AIRFLOW_COMPONENTS if not _airflow_running(state, name)]
+    if dead:
+        raise RuntimeError(f"Airflow's {', '.join(dead)} exited; see {base}/airflow-<component>.log")
+    return url
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def stop_airflow(state: dict) -> set[int]:
+    """Stop each component: SIGTERM to it alone first (it stops its own workers, which a signal to the whole
+    group would leave it waiting for), then SIGTERM and SIGKILL to whatever is left of its process group
+    (a task's spark-submit, say); return survivors."""
+    left: set[int] = set()
+    for name in AIRFLOW_COMPONENTS:
+        entry = state.get("airflow", {}).get(name)
+        if not (entry and _airflow_running(state, name)):
+            continue
+        pid = entry["pid"]  # started in a new session: it leads its process group
+        _stop_processes({pid}, set(), [(signal.SIGTERM, AIRFLOW_STOP_GRACE)], only_given=True)
+        left |= _stop_processes({pid}, {pid}, [(signal.SIGTERM, KAFKA_STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
+    return left
+
+
 def down(base: Path | None = None) -> None:
     """Stop every process `up` started and check they are gone; RuntimeError naming any survivor."""
     base = (base or home()).resolve()
     state = read_state(base)
-    left = {"the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
+    left = {"Airflow": stop_airflow(state), "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
+    if not left["Airflow"]:
+        state.pop("airflow", None)
     if not left["the Kafka broker"]:
         for key in ("kafka_pid", "kafka_started"):
             state.pop(key, None)
@@ -464,6 +584,17 @@ def restart(service: str, base: Path | None = None) -> None:
     _state_path(base).write_text(json.dumps(state, indent=2))
 
 
+def console_hint(base: Path | None = None) -> str:
+    """Where an operator sees the pipelines: the console page in the Airflow UI."""
+    base = (base or home()).resolve()
+    state = read_state(base)
+    url = f"http://127.0.0.1:{state.get('airflow_port', AIRFLOW_PORT)}/"
+    if _airflow_running(state, "api-server"):
+        return f"The console page: {url}plugin/kafka-batch (Browse > Kafka batches; login in {base}/airflow/passwords.json)"
+    return (f"The console page: run `make airflow` (starts Airflow on loopback, prints the login), then open "
+            f"{url}plugin/kafka-batch (Browse > Kafka batches in the Airflow UI)")
+
+
 def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([
@@ -477,10 +608,20 @@ def describe(env: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kafka-batch local", description="Embedded local services.")
     parser.add_argument("action", choices=["up", "down", "env"])
+    parser.add_argument("--airflow", action="store_true",
+                        help="with up: also start Airflow (api-server, scheduler, dag-processor, triggerer)")
     args = parser.parse_args(argv)
     if args.action == "up":
         env = up()
         print(describe(env))
+        if args.airflow:
+            base = home()
+            url = start_airflow(base, read_state(base))
+            user, password = airflow_login(base)
+            print(f"Airflow UI      : {url} (user {user}, password {password}; "
+                  f"kept in {base / 'airflow' / 'passwords.json'})\n"
+                  f"Console page    : {url}plugin/kafka-batch (Browse > Kafka batches; bare page: {url}kafka-batch/)\n"
+                  f"Airflow logs    : {base}/airflow-<component>.log; `make down` stops everything")
     elif args.action == "down":
         try:
             down()

@@ -103,6 +103,14 @@ def batches(conn, pipeline_name: str, limit: int = 20) -> list[dict]:
             WHERE b.pipeline = %s GROUP BY b.id ORDER BY b.id DESC LIMIT %s""", (pipeline_name, limit))
 
 
+def batch_ranges(conn, batch_id: int) -> list[dict]:
+    """One batch's ranges with what was read from each (the CLI's summary table)."""
+    with reading(conn) as cur:
+        return _rows(cur, """
+            SELECT topic, partition, from_offset, until_offset, records_read, records_tombstone, records_invalid
+            FROM kafka_batch.batch_ranges WHERE batch_id = %s ORDER BY topic, partition, from_offset""", (batch_id,))
+
+
 def ledger(conn, pipeline_name: str, topic: str, partition: int, limit: int = 100) -> list[dict]:
     """The committed ranges of one partition, live and retired, newest offsets first."""
     with reading(conn) as cur:

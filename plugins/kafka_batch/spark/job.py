@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -95,6 +96,40 @@ class _FenceWatch:
                 conn.close()
 
 
+class _Progress:
+    """Logs the read's progress every `interval` seconds while Spark works: tasks done, records read
+    by finished tasks, records/s. The CLI shows these lines and sends Spark's own log to a file."""
+
+    def __init__(self, spark, batch_id: int, counter, interval: float = 10.0):
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, args=(spark.sparkContext, batch_id, counter, interval),
+                                        daemon=True, name="progress")
+
+    def __enter__(self) -> _Progress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _watch(self, sc, batch_id: int, counter, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                tracker = sc.statusTracker()
+                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            except Exception:  # noqa: BLE001 - progress is informative only; the context may be stopping
+                continue
+            stages = [s for s in stages if s is not None]
+            if not stages:
+                continue
+            seconds = time.monotonic() - self._started
+            log.info("batch %s progress: %d of %d tasks done, %d records read, %.0f records/s", batch_id,
+                     sum(s.numCompletedTasks for s in stages), sum(s.numTasks for s in stages), counter.value,
+                     counter.value / seconds)
+
+
 def env_kafka_config(pipeline: Pipeline) -> dict:
     return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
 
@@ -155,11 +190,13 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     # Small ranges share a task (one consumer for several partitions); at least one task per core.
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, spark.sparkContext.defaultParallelism))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline)), pipeline)
+    counter = spark.sparkContext.accumulator(0)
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), counter), pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
-    with _FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch:
+    with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
+          _Progress(spark, batch.id, counter)):
         try:
             timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}

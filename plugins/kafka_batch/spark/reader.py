@@ -115,25 +115,33 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
-def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple):
+def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple,
+                counter=None):
     def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in numbers:
             for number in batch.column("id").to_pylist():
                 timings.mark("task_start", task=number)
                 ranges = [OffsetRange(t, p, lo, hi, range_id=rid) for rid, t, p, lo, hi in tasks[number]]
-                yield from read_task(kafka_config, ranges, settings, columns)
+                records = 0
+                for arrow in read_task(kafka_config, ranges, settings, columns):
+                    records += arrow.num_rows
+                    yield arrow
+                if counter is not None:
+                    counter.add(records)
                 timings.mark("task_end", task=number)
 
     return read
 
 
 def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRange]], settings: ReadSettings,
-                columns: Iterable[str] = ALL_COLUMNS):
+                columns: Iterable[str] = ALL_COLUMNS, counter=None):
     """A DataFrame of the records of the given packed tasks (lists of (sub-)ranges), one Spark
-    partition per task, with the given record columns."""
+    partition per task, with the given record columns. `counter`, a Spark accumulator, adds up the
+    records each finished task read (for progress lines)."""
     if not tasks or not all(tasks):
         raise ValueError("read_ranges needs at least one task, and no empty one")
     columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
     plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
     numbers = spark.range(0, len(plain), 1, len(plain))
-    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns), record_schema(columns))
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns, counter),
+                              record_schema(columns))

@@ -1,0 +1,31 @@
+"""The one spark-submit call: what it ships to executors, what its command line holds, and that the
+temporary --py-files folder is gone after the job."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from kafka_batch.config import PROJECT_ROOT, load_pipeline
+from kafka_batch.connections import ConnectionFields
+from kafka_batch.spark import submit
+
+SECRET = "pw-that-must-not-show"
+
+
+def test_the_package_zip_ships_no_airflow_code_the_command_no_secret_and_is_removed(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", SECRET, "kb"),
+             ConnectionFields(pipeline.connections.kafka, "kafka", extra={"sasl.password": SECRET}))
+    with submit.spark_submit_hook(pipeline, 7, conns) as hook:
+        zipped = Path(hook._py_files)
+        names = zipfile.ZipFile(zipped).namelist()
+        command = hook._build_spark_submit_command(str(submit.APPLICATION))
+        env = hook._env_vars
+    assert "kafka_batch/spark/job.py" in names and "kafka_batch/core/commit.py" in names
+    assert not [n for n in names if n.startswith("kafka_batch/airflow/") or n == "kafka_batch/cli.py"]
+    assert SECRET not in " ".join(command)  # connections travel in the child's environment only
+    assert SECRET in env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] and SECRET in env["AIRFLOW_CONN_KAFKA_DEFAULT"]
+    assert not zipped.exists() and not zipped.parent.exists()
