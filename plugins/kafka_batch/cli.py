@@ -30,13 +30,14 @@ from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.core import inspection, planning, report, resets, store
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import KafkaBatchError, ServiceError, one_line
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets
 from kafka_batch.spark import submit
 
 
 def _services(pipeline):
     postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
-    kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)))
+    kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)),
+                         timeout=pipeline.read.kafka_timeout_seconds)
     return store.connect(postgres), kafka
 
 
@@ -378,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     timings.mark("cli_start")
     args = build_parser().parse_args(argv)
+    LIBRDKAFKA_LOG.propagate = getattr(args, "verbose", False)  # errors reach the user as one line
     try:
         return args.func(args)
     except KafkaBatchError as exc:  # one clear line for operators; tracebacks are for the job's log

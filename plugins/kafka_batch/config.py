@@ -53,6 +53,7 @@ class ReadSettings:
     poll_timeout_seconds: float = 1.0
     stall_timeout_seconds: float = 120.0
     fence_check_seconds: float = 5.0  # how often a running job checks that its attempt is still current
+    kafka_timeout_seconds: float = 30.0  # how long planning waits for Kafka's metadata and offsets answers
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import operator
 import re
 import time
@@ -22,6 +23,12 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.errors import DataLossError, InputError, ServiceError
+
+# librdkafka's own log lines (e.g. one per failed reconnect, many a second while a broker is down) go
+# through Python logging: into the task log under Airflow; the CLI keeps them out of the terminal,
+# where the one-line error already names the broker that did not answer.
+LIBRDKAFKA_LOG = logging.getLogger("kafka_batch.librdkafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 
 # Settings the reader relies on; a connection's extra cannot override them.
 _READER_REQUIRED = {
@@ -55,7 +62,7 @@ class KafkaOffsets:
     """What the planner asks Kafka: which partitions exist and which offsets are readable."""
 
     def __init__(self, config: dict[str, Any], timeout: float = 30.0):
-        self._admin = AdminClient(_admin_config(config))
+        self._admin = AdminClient({**_admin_config(config), "logger": LIBRDKAFKA_LOG})
         self._timeout = timeout
 
     def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:

@@ -186,9 +186,10 @@ def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
-def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`kafka-batch ...` in a subprocess, with the test services' environment (and `env` over it)."""
     cli = str(Path(sys.executable).parent / "kafka-batch")
-    result = subprocess.run([cli, *args], capture_output=True, text=True, env=os.environ.copy())
+    result = subprocess.run([cli, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
     if check and result.returncode != 0:
         raise AssertionError(f"kafka-batch {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result

@@ -38,7 +38,8 @@ def _services(pipeline: Pipeline):
     from kafka_batch.kafka_source import KafkaOffsets
 
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
-    kafka = KafkaOffsets(connections.kafka_config(connections.from_airflow(pipeline.connections.kafka)))
+    kafka = KafkaOffsets(connections.kafka_config(connections.from_airflow(pipeline.connections.kafka)),
+                         timeout=pipeline.read.kafka_timeout_seconds)
     return store.connect(postgres), kafka
 
 
