@@ -97,6 +97,16 @@ def test_a_broker_that_does_not_answer_is_that_pipelines_error_and_nothing_leaks
         assert "127.0.0.1" not in text and "bootstrap" not in text
 
 
+def test_admin_connections_offers_the_kafka_and_postgres_forms(server):
+    """The providers' connection types are installed, so the UI's connection form offers them."""
+    status, body = server.get("ui/connections/hook_meta", token=server.token())
+    assert status == 200, body[:500]
+    forms = {hook["connection_type"]: hook for hook in json.loads(body)}
+    assert {"kafka", "postgres", "spark"} <= set(forms), sorted(forms)
+    assert forms["kafka"]["hook_class_name"].endswith("KafkaBaseHook")
+    assert forms["postgres"]["hook_class_name"].endswith("PostgresHook")
+
+
 def _listening(base: Path) -> set[tuple[str, str, int]]:
     """(process name, address, port) of every socket listening in a process the local stack started
     (Postgres, the broker, Airflow's components and their children: task runners, spark-submit, the JVM)."""
