@@ -1,5 +1,9 @@
--- Core bookkeeping: positions, batches and their ranges. Idempotent; applied by kafka_batch.offset_store.
-CREATE SCHEMA IF NOT EXISTS kafka_batch;
+-- Core bookkeeping: positions, batches and their ranges. Idempotent; applied by kafka_batch.core.store.
+-- Created here only when missing: the least-privilege role (sql/roles.sql) owns it already and may not
+-- create schemas (CREATE SCHEMA IF NOT EXISTS would still need that right).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'kafka_batch') THEN CREATE SCHEMA kafka_batch; END IF;
+END $$;
 
 -- One row per configured pipeline; locked FOR UPDATE to serialize planning and commits of a pipeline.
 CREATE TABLE IF NOT EXISTS kafka_batch.pipelines (

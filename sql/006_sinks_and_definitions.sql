@@ -17,7 +17,11 @@ ALTER TABLE kafka_batch.replay_previews DROP CONSTRAINT IF EXISTS replay_preview
 ALTER TABLE kafka_batch.replay_previews ADD CONSTRAINT replay_previews_pkey PRIMARY KEY (batch_id, target, group_key);
 
 -- Where executors stage an attempt's rows before the commit moves them (one table per attempt).
-CREATE SCHEMA IF NOT EXISTS kafka_batch_stage;
+-- Created here only when missing: the least-privilege role (sql/roles.sql) owns it already and may not
+-- create schemas (CREATE SCHEMA IF NOT EXISTS would still need that right).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = 'kafka_batch_stage') THEN CREATE SCHEMA kafka_batch_stage; END IF;
+END $$;
 
 -- Every committed range, live or retired, with the batch and the definition that produced it.
 CREATE OR REPLACE VIEW kafka_batch.ledger AS

@@ -8,8 +8,11 @@ code under test.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 
+import psycopg2
+import psycopg2.errors
 import pyarrow as pa
 import pytest
 
@@ -376,4 +379,36 @@ def test_an_unknown_topic_is_refused_before_anything_is_stored(services):
         planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id="r1")
     assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
     assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
+    conn.close()
+
+
+def test_the_pipeline_runs_as_a_role_with_no_rights_beyond_its_own(services):
+    """sql/roles.sql: the pipeline's login is no superuser, owns what it created, and cannot reach
+    another application's table, create a schema or a database."""
+    if os.environ.get("KAFKA_BATCH_TEST_POSTGRES"):
+        pytest.skip("needs the embedded Postgres's administrator")
+    params = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
+    admin = psycopg2.connect(**{**params, "user": "postgres"})
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS public.another_apps_secrets (secret text)")
+    admin.close()
+    planner = store_connection()
+    planning.plan_batch(planner, KafkaOffsets(kafka_config()), new_pipeline("role", partitions=1), "r1")
+    planner.close()
+
+    conn = pg_connect()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("SELECT rolname, rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls"
+                    " FROM pg_roles WHERE rolname = current_user")
+        assert cur.fetchone() == ("kafka_batch_pipeline", False, False, False, False, False)
+        cur.execute("SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_namespace n"
+                    " ON n.oid = c.relnamespace WHERE n.nspname = 'kafka_batch' AND c.relkind IN ('r', 'v')")
+        assert cur.fetchall() == [("kafka_batch_pipeline",)]  # the migrations ran as the pipeline
+        for statement in ("SELECT * FROM public.another_apps_secrets", "CREATE SCHEMA intruder",
+                          "CREATE DATABASE intruder", "CREATE ROLE intruder",
+                          "ALTER TABLE public.another_apps_secrets ADD COLUMN x int"):
+            with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+                cur.execute(statement)
     conn.close()

@@ -43,6 +43,7 @@ from kafka_batch.config import PROJECT_ROOT
 
 PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
+PIPELINE_ROLE = "kafka_batch_pipeline"  # sql/roles.sql: what the pipeline logs in as
 AIRFLOW_DATABASE = "airflow"
 KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the broker
 PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
@@ -287,6 +288,17 @@ def start_postgres(base: Path, state: dict) -> None:
             if cur.fetchone() is None:
                 cur.execute(f'CREATE DATABASE "{db}"')
     conn.close()
+    # The pipeline logs in as its least-privilege role (sql/roles.sql), as in production.
+    conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname=DATABASE)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute((PROJECT_ROOT / "sql" / "roles.sql").read_text())
+        cur.execute("SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'kafka_batch'")
+        owner = cur.fetchone()[0]
+    conn.close()
+    if owner != PIPELINE_ROLE:
+        raise RuntimeError(f"the local data in {base} predates the pipeline's role {PIPELINE_ROLE} (schema kafka_batch "
+                           f"belongs to {owner}); `make clean` drops it, then `make up` starts afresh")
 
 
 def _kafka_command(port: int, data_dir: Path) -> list[str]:
@@ -395,7 +407,7 @@ def connections_env(state: dict) -> dict[str, str]:
     return {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
         "AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps(
-            {"conn_type": "postgres", "host": "127.0.0.1", "port": state["postgres_port"], "login": "postgres",
+            {"conn_type": "postgres", "host": "127.0.0.1", "port": state["postgres_port"], "login": PIPELINE_ROLE,
              "schema": DATABASE}
         ),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
@@ -599,7 +611,8 @@ def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([
         f"Kafka bootstrap : 127.0.0.1:{state['kafka_port']}",
-        f"Postgres        : postgresql://postgres@127.0.0.1:{state['postgres_port']}/{DATABASE}",
+        f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
+        f"(the pipeline's role; administrator: postgres)",
         f"Airflow home    : {env['AIRFLOW_HOME']} (metadata DB: database {AIRFLOW_DATABASE})",
         f"Environment     : source {home() / 'env.sh'}",
     ])
