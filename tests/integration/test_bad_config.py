@@ -30,20 +30,19 @@ def _one_line(result, exit_code: int, *words: str) -> str:
     return result.stderr
 
 
-def test_an_unreachable_broker_is_one_line_retryable_and_changes_nothing(services):
-    pipeline = new_pipeline("deadbroker", read={"kafka_timeout_seconds": 3})
-    dead = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}})
-    result = run_cli("run", "--pipeline", pipeline.name, check=False, env={"AIRFLOW_CONN_KAFKA_DEFAULT": dead})
-    _one_line(result, 4, "unavailable:", "Kafka did not answer", "within 3s")
-    _nothing_stored(pipeline)
-
-
-def test_an_unreachable_database_is_one_line_retryable(services):
-    pipeline = new_pipeline("deaddb", partitions=1)
-    postgres = json.loads(services["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
-    dead = json.dumps({**postgres, "port": free_port()})
-    result = run_cli("run", "--pipeline", pipeline.name, check=False, env={"AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": dead})
-    _one_line(result, 4, "unavailable:", "did not answer", "(database kafka_batch)")
+@pytest.mark.parametrize("service", ["broker", "database"])
+def test_an_unreachable_service_is_one_line_retryable_and_changes_nothing(services, service):
+    pipeline = new_pipeline(f"dead{service}", read={"kafka_timeout_seconds": 3})
+    if service == "broker":
+        dead = {"AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}})}
+        words = ("Kafka did not answer", "within 3s")
+    else:
+        postgres = json.loads(services["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
+        dead = {"AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps({**postgres, "port": free_port()})}
+        words = ("Postgres at 127.0.0.1", "did not answer", "(database kafka_batch)")
+    result = run_cli("run", "--pipeline", pipeline.name, check=False, env=dead)
+    _one_line(result, 4, "unavailable:", *words)
     _nothing_stored(pipeline)
 
 

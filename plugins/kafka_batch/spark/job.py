@@ -47,7 +47,26 @@ def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[Off
     return checked
 
 
-class _FenceWatch:
+class _WhileSparkWorks:
+    """A daemon thread running `_watch(*args)` while the `with` block runs, told to stop at its end."""
+
+    def __init__(self, name: str, *args):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=args, daemon=True, name=name)
+
+    def _watch(self, *args) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+class _FenceWatch(_WhileSparkWorks):
     """Polls the batch's attempt token while Spark works; a newer attempt (or a status that can no
     longer commit, e.g. superseded) cancels this attempt's Spark jobs.
 
@@ -57,18 +76,7 @@ class _FenceWatch:
 
     def __init__(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float):
         self.fenced_by: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, args=(spark, postgres, batch_id, attempt, interval), daemon=True, name="fence-watch"
-        )
-
-    def __enter__(self) -> _FenceWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        super().__init__("fence-watch", spark, postgres, batch_id, attempt, interval)
 
     def _watch(self, spark, postgres: dict, batch_id: int, attempt: int, interval: float) -> None:
         from kafka_batch.core.state import BatchStatus
@@ -96,23 +104,13 @@ class _FenceWatch:
                 conn.close()
 
 
-class _Progress:
+class _Progress(_WhileSparkWorks):
     """Logs the read's progress every `interval` seconds while Spark works: tasks done, records read
     by finished tasks, records/s. The CLI shows these lines and sends Spark's own log to a file."""
 
     def __init__(self, spark, batch_id: int, counter, interval: float = 10.0):
-        self._stop = threading.Event()
         self._started = time.monotonic()
-        self._thread = threading.Thread(target=self._watch, args=(spark.sparkContext, batch_id, counter, interval),
-                                        daemon=True, name="progress")
-
-    def __enter__(self) -> _Progress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+        super().__init__("progress", spark.sparkContext, batch_id, counter, interval)
 
     def _watch(self, sc, batch_id: int, counter, interval: float) -> None:
         while not self._stop.wait(interval):
