@@ -64,10 +64,15 @@ def services():
         (base / "airflow").mkdir()
         local_stack.migrate_airflow(base, env)
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
+    env["KAFKA_BATCH_LOG_DIR"] = str(base / "cli-logs")  # the CLI's Spark logs and outputs (helpers.run_cli)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         yield env
+        # Every log of the session (Airflow task and component logs, Spark's logs of the CLI runs, the
+        # CLI's outputs, the services' logs and data) must be free of the planted password.
+        leaked = [str(path.relative_to(base)) for path in _files(base) if FAKE_PASSWORD.encode() in path.read_bytes()]
+        assert not leaked, f"the planted password is in {leaked}"
     finally:
         for key, value in saved.items():
             if value is None:
@@ -77,3 +82,12 @@ def services():
         if started:
             local_stack.down(base)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _files(base: Path):
+    for path in base.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                yield path
+        except OSError:  # a file a service removed meanwhile
+            continue

@@ -412,3 +412,24 @@ def test_the_pipeline_runs_as_a_role_with_no_rights_beyond_its_own(services):
             with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                 cur.execute(statement)
     conn.close()
+
+
+# SQL, a COPY row break and escapes: a topic name, a key and a value are data wherever they go.
+HOSTILE = "x'); DROP TABLE kafka_batch.offsets; --\"\t\\N\n\\"
+
+
+def test_hostile_topic_names_keys_and_values_are_data(services):
+    pipeline = new_pipeline("hostile", partitions=0, rows=True, topics=[HOSTILE])
+    conn = store_connection()
+    _committed(conn, pipeline, "r1", [OffsetRange(HOSTILE, 0, 0, 5)], 5, page=HOSTILE)
+    assert positions(pipeline.name) == {(HOSTILE, 0): 5}
+    assert table_contents(pipeline) == {(HOSTILE, MINUTE): (5, 50)}  # a group key
+    rows = rows_contents(pipeline)
+    assert sorted(rows) == [(HOSTILE, 0, o) for o in range(5)]  # COPYed by the executors' writer
+    assert {values[1] for values in rows.values()} == {HOSTILE}
+    # The planner asks Kafka about it as a name, and refuses it as unknown; nothing else is touched.
+    with pytest.raises(InputError, match="does not exist"):
+        planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id="r2")
+    assert positions(pipeline.name) == {(HOSTILE, 0): 5}
+    assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name) == [(1,)]
+    conn.close()

@@ -54,6 +54,11 @@ def test_shipped_pipelines_load():
         ({"sinks": {"rows": {"table": "t", "columns": {"kafka_offset": "offset"}}}}, "reserved for the record's key"),
         ({"sinks": {"rows": {"table": "t", "columns": {"page": {"expr": "page", "typ": "text"}}}}}, "unknown setting(s)"),
         ({"aggregation": {}}, "'aggregation' moved under 'sinks'"),
+        # Identifiers from configuration reach SQL only once validated (and quoted).
+        ({"sinks": {"aggregate": {"table": "x; DROP TABLE kafka_batch.offsets", "group_by": {}, "measures": {}}}},
+         "sinks.aggregate.table 'x; DROP TABLE kafka_batch.offsets' must be a lower-case SQL identifier"),
+        ({"sinks": {"rows": {"table": "t", "columns": {'p"age': "page"}}}}, "must be a lower-case SQL identifier"),
+        ({"record": {"fields": {'user"; drop': "string"}}}, "record.fields name 'user\"; drop' is not a plain field name"),
     ],
 )
 def test_invalid_definitions_are_named(changes, message):

@@ -401,8 +401,9 @@ def connections_env(state: dict) -> dict[str, str]:
     """The AIRFLOW_CONN_* values of the local services (no secrets: trust auth on loopback)."""
     kafka = {
         "bootstrap.servers": f"127.0.0.1:{state['kafka_port']}",
-        # The local broker may answer one fetch with the whole backlog; a real Kafka needs no such setting.
-        "receive.message.max.bytes": 200_000_000,
+        # The local broker answers a fetch with the whole backlog of a partition (hundreds of MB in `make
+        # bench`); a real Kafka honours fetch limits and needs no such setting.
+        "receive.message.max.bytes": 1_000_000_000,
     }
     return {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
