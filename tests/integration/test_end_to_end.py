@@ -169,6 +169,7 @@ def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services)
     [log_line] = [line for line in result.stdout.splitlines() if line.startswith("Spark's log: ")]
     assert "INFO SparkContext" in Path(log_line.split()[2]).read_text()
     assert "SparkContext" not in result.stdout + result.stderr
+    assert re.search(r"\n  batch \d+: reading 1 range\(s\) \(\d+ after splitting\) in \d+ Spark task", result.stdout)
     assert [topic, "0", "0", "62", "60", "0", "2"] in [line.split() for line in result.stdout.splitlines()]
     assert re.search(r"batch \d+ committed: 60 records in \d+ s \([\d,]+ records/s\), 2 quarantined", result.stdout)
     batches = json.loads(run_cli("batches", "--pipeline", pipeline.name, "--last", "5", "--json").stdout)

@@ -105,27 +105,18 @@ class _FenceWatch(_WhileSparkWorks):
 
 
 class _Progress(_WhileSparkWorks):
-    """Logs the read's progress every `interval` seconds while Spark works: tasks done, records read
-    by finished tasks, records/s. The CLI shows these lines and sends Spark's own log to a file."""
+    """Logs the read's progress every `interval` seconds while Spark works: (sub-)ranges and records
+    read by the tasks that finished, records/s. The CLI shows these lines; Spark's own log goes to a file."""
 
-    def __init__(self, spark, batch_id: int, counter, interval: float = 10.0):
+    def __init__(self, batch_id: int, progress, pieces: int, interval: float = 10.0):
         self._started = time.monotonic()
-        super().__init__("progress", spark.sparkContext, batch_id, counter, interval)
+        super().__init__("progress", batch_id, progress, pieces, interval)
 
-    def _watch(self, sc, batch_id: int, counter, interval: float) -> None:
+    def _watch(self, batch_id: int, progress, pieces: int, interval: float) -> None:
         while not self._stop.wait(interval):
-            try:
-                tracker = sc.statusTracker()
-                stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            except Exception:  # noqa: BLE001 - progress is informative only; the context may be stopping
-                continue
-            stages = [s for s in stages if s is not None]
-            if not stages:
-                continue
-            seconds = time.monotonic() - self._started
-            log.info("batch %s progress: %d of %d tasks done, %d records read, %.0f records/s", batch_id,
-                     sum(s.numCompletedTasks for s in stages), sum(s.numTasks for s in stages), counter.value,
-                     counter.value / seconds)
+            records, done = progress[0].value, progress[1].value
+            log.info("batch %s progress: %d of %d ranges read, %d records, %.0f records/s", batch_id, done, pieces,
+                     records, records / (time.monotonic() - self._started))
 
 
 def env_kafka_config(pipeline: Pipeline) -> dict:
@@ -188,14 +179,16 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     # Small ranges share a task (one consumer for several partitions); at least one task per core.
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, spark.sparkContext.defaultParallelism))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
-    counter = spark.sparkContext.accumulator(0)
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), counter), pipeline)
+    progress = (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0))  # records, ranges read
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress), pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
     with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
-          _Progress(spark, batch.id, counter)):
+          _Progress(batch.id, progress, len(pieces))):
         try:
+            log.info("batch %s: reading %d range(s) (%d after splitting) in %d Spark task(s)", batch.id, len(ranges),
+                     len(pieces), read_tasks)
             timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
             timings.mark("computed")

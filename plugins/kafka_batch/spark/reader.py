@@ -116,7 +116,7 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple,
-                counter=None):
+                progress=None):
     def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in numbers:
             for number in batch.column("id").to_pylist():
@@ -126,22 +126,23 @@ def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings
                 for arrow in read_task(kafka_config, ranges, settings, columns):
                     records += arrow.num_rows
                     yield arrow
-                if counter is not None:
-                    counter.add(records)
+                if progress is not None:
+                    progress[0].add(records)
+                    progress[1].add(len(ranges))
                 timings.mark("task_end", task=number)
 
     return read
 
 
 def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRange]], settings: ReadSettings,
-                columns: Iterable[str] = ALL_COLUMNS, counter=None):
+                columns: Iterable[str] = ALL_COLUMNS, progress=None):
     """A DataFrame of the records of the given packed tasks (lists of (sub-)ranges), one Spark
-    partition per task, with the given record columns. `counter`, a Spark accumulator, adds up the
-    records each finished task read (for progress lines)."""
+    partition per task, with the given record columns. `progress`, a pair of Spark accumulators, adds
+    up the records and the (sub-)ranges each finished task read (for progress lines)."""
     if not tasks or not all(tasks):
         raise ValueError("read_ranges needs at least one task, and no empty one")
     columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
     plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
     numbers = spark.range(0, len(plain), 1, len(plain))
-    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns, counter),
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns, progress),
                               record_schema(columns))
