@@ -45,7 +45,7 @@ PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
 PIPELINE_ROLE = "kafka_batch_pipeline"  # sql/roles.sql: what the pipeline logs in as
 AIRFLOW_DATABASE = "airflow"
-KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the broker
+KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the broker (and an Airflow component's leftovers)
 PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to disappear
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -143,12 +143,10 @@ def _signal(pids: set[int], groups: set[int], sig: signal.Signals) -> None:
             pass
 
 
-def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]],
-                    only_given: bool = False) -> set[int]:
+def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]]) -> set[int]:
     """Send each signal of `steps` in turn, waiting up to its time for `pids`, their process groups
-    `groups` and their descendants to exit; return the processes still running after the last step.
-    `only_given`: signal and wait for `pids` alone."""
-    tracked = {pid for pid in pids if _pid_alive(pid)} if only_given else _family(pids, groups)
+    `groups` and their descendants to exit; return the processes still running after the last step."""
+    tracked = _family(pids, groups)
     for sig, wait in steps:
         if not tracked:
             break
@@ -156,7 +154,7 @@ def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.S
         deadline = time.monotonic() + wait
         while True:
             # Children the dying ones leave behind are reparented: follow them while their parent is known.
-            tracked = {pid for pid in (tracked if only_given else tracked | _family(tracked, groups)) if _pid_alive(pid)}
+            tracked = {pid for pid in tracked | _family(tracked, groups) if _pid_alive(pid)}
             if not tracked or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -341,15 +339,11 @@ def stop_kafka(state: dict) -> set[int]:
     """Stop the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE; return survivors."""
     if not _kafka_running(state):
         return set()
-    return _stop_group(state["kafka_pid"], "the Kafka broker")
-
-
-def _stop_group(pid: int, what: str) -> set[int]:
-    """SIGTERM to the process group `pid` leads, SIGKILL after KAFKA_STOP_GRACE; return survivors."""
+    pid = state["kafka_pid"]
     groups = {pid} if _is_group_leader(pid) else set()
     left = _stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
     if left:
-        print(f"kafka-batch local: {what} ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
+        print(f"kafka-batch local: the Kafka broker ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
               f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
         left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
@@ -556,13 +550,23 @@ def stop_airflow(state: dict) -> set[int]:
     (a task's spark-submit, say); return survivors."""
     left: set[int] = set()
     for name in AIRFLOW_COMPONENTS:
-        entry = state.get("airflow", {}).get(name)
-        if not (entry and _airflow_running(state, name)):
+        if not _airflow_running(state, name):
             continue
-        pid = entry["pid"]  # started in a new session: it leads its process group
-        _stop_processes({pid}, set(), [(signal.SIGTERM, AIRFLOW_STOP_GRACE)], only_given=True)
+        pid = state["airflow"][name]["pid"]  # started in a new session: it leads its process group
+        _terminate_alone(pid, AIRFLOW_STOP_GRACE)
         left |= _stop_processes({pid}, {pid}, [(signal.SIGTERM, KAFKA_STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
     return left
+
+
+def _terminate_alone(pid: int, grace: float) -> None:
+    """SIGTERM to `pid` only (not its children), then wait up to `grace` seconds for it to exit."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def down(base: Path | None = None) -> None:
