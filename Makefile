@@ -55,7 +55,8 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 
-bench: up
+bench: install
+	$(BIN)/kafka-batch local up --spark-connect
 	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 # Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 100000" for a full run.

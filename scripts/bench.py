@@ -7,6 +7,7 @@ One run produces the data, plans every batch, then measures (each with the load 
   spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate
   many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
   fixed cost      a 1,000-record batch through `kafka-batch run`, with the phases of its timings
+  Spark Connect   the big run and the fixed cost again through a long-lived Spark Connect server
   commit          commit_batch of 100k distinct aggregate contribution rows
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
@@ -46,6 +47,10 @@ from kafka_batch.spark.reader import read_task
 from kafka_batch_dev import sample_data
 
 ROWS: list[dict] = []
+# The two ways a batch reaches Spark (the pipeline's Spark connection): spark-submit, the default, and a
+# long-lived Spark Connect server (`kafka-batch local up --spark-connect`).
+SUBMIT, CONNECT = "spark_default", "spark_connect_default"
+MODE = {SUBMIT: "spark-submit", CONNECT: "Spark Connect"}
 
 
 def load() -> str:
@@ -67,10 +72,11 @@ class Env:
         self.postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
         self.tables: list[tuple[str, str]] = []
 
-    def pipeline(self, name: str, topic: str, **limits):
+    def pipeline(self, name: str, topic: str, spark: str = SUBMIT, **limits):
         definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
         name = f"{self.prefix}_{name}"
         definition.update(name=name, topics=[topic], schedule=None)
+        definition["connections"]["spark"] = spark
         definition["limits"] = {**definition["limits"], "max_records_per_partition": 10**9,
                                 "max_records_per_batch": 10**9, **limits}
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
@@ -285,11 +291,11 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
     return {"seconds": seconds, "records": batch.span, "rss": mb}
 
 
-def fixed_cost(env: Env, records: int) -> dict:
-    topic = f"{env.prefix}_fixed"
+def fixed_cost(env: Env, records: int, spark: str) -> dict:
+    topic = f"{env.prefix}_fixed_{MODE[spark][:5].lower()}"
     sample_data.ensure_topic(env.kafka, topic, 1)
     sample_data.produce_page_views(env.kafka, topic, records, seed=5)
-    pipeline = env.pipeline("fixed", topic)
+    pipeline = env.pipeline(topic.removeprefix(f"{env.prefix}_"), topic, spark)
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     cli = str(Path(sys.executable).parent / "kafka-batch")
     started_wall = time.time()
@@ -301,7 +307,7 @@ def fixed_cost(env: Env, records: int) -> dict:
         raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
     breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
     marks.unlink()
-    return row("fixed cost: kafka-batch run of 1,000 records", seconds, "s", f"phases {breakdown}",
+    return row(f"fixed cost, {MODE[spark]}", seconds, "s", f"kafka-batch run of {records:,} records; phases {breakdown}",
                phases=breakdown)
 
 
@@ -355,7 +361,8 @@ def main() -> int:
     if args.only:
         parts = set(args.only.split(","))
         if "fixed" in parts:
-            fixed_cost(env, args.fixed_records)
+            fixed_cost(env, args.fixed_records, SUBMIT)
+            fixed_cost(env, args.fixed_records, CONNECT)
         if "commit" in parts:
             row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
         return 0
@@ -374,7 +381,8 @@ def main() -> int:
 
     big = env.pipeline("big", topic)
     small = env.pipeline("small", topic, max_records_per_batch=args.small)
-    big_batch, small_batch = env.plan(big), env.plan(small)
+    big_connect = env.pipeline("big_connect", topic, CONNECT)
+    big_batch, small_batch, big_connect_batch = env.plan(big), env.plan(small), env.plan(big_connect)
     many, few = env.pipeline("many", many_topic), env.pipeline("few", few_topic)
     started = time.monotonic()
     many_batch = env.plan(many)
@@ -391,19 +399,23 @@ def main() -> int:
     base = row("plain consumer", n / s, "records/s", f"{n:,} records in {s:.1f}s (consume + json + dict + CAS commit)")
     small_run = spark_run(env, small, small_batch, "small")
     big_run = spark_run(env, big, big_batch, "big")
+    big_connect_run = spark_run(env, big_connect, big_connect_batch, "big, Spark Connect")
     marginal = (big_run["records"] - small_run["records"]) / max(big_run["seconds"] - small_run["seconds"], 1e-9)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
     few_run = spark_run(env, few, few_batch, "4 partitions")
-    fixed = fixed_cost(env, args.fixed_records)
+    fixed = fixed_cost(env, args.fixed_records, SUBMIT)
+    fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
 
     targets = [
         ("1 spark big / plain consumer >= 1.5", (big_run["records"] / big_run["seconds"]) / base["value"], 1.5, ">="),
+        ("1 same, Spark Connect", (big_connect_run["records"] / big_connect_run["seconds"]) / base["value"], 1.5, ">="),
         ("2 spark marginal / raw read >= 0.6", marginal / raw["value"], 0.6, ">="),
         (f"3 {args.many} partitions / 4 partitions wall time <= 2", many_run["seconds"] / few_run["seconds"], 2, "<="),
         ("4 fixed cost (s) <= 10 (idle machine)", fixed["value"], 10, "<="),
+        ("4 same, Spark Connect", fixed_connect["value"], 10, "<="),
         ("5 commit of 100k rows (s) <= 2", commit_s, 2, "<="),
         ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
          "<="),

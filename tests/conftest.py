@@ -57,13 +57,16 @@ def services():
     env = _external_env(base)
     started = env is None
     if started:
-        env = local_stack.up(base)
+        env = local_stack.up(base, spark_connect=True)
         postgres = json.loads(env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
         env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] = json.dumps({**postgres, "password": FAKE_PASSWORD})
     else:
         (base / "airflow").mkdir()
         local_stack.migrate_airflow(base, env)
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
+    # How test pipelines reach Spark unless a test says otherwise (helpers.new_pipeline): a Spark Connect
+    # server started once, or spark-submit (against services given by address).
+    env["KAFKA_BATCH_TEST_SPARK_CONN"] = "spark_connect_default" if started else "spark_default"
     env["KAFKA_BATCH_LOG_DIR"] = str(base / "cli-logs")  # the CLI's Spark logs and outputs (helpers.run_cli)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

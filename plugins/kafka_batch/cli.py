@@ -42,17 +42,20 @@ def _services(pipeline):
 
 
 def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = True) -> None:
-    """spark-submit the batch through the same call the DAG's operator makes. Unless `verbose`, Spark's
-    output goes to a file and only the job's own lines (what it does, its progress) are shown."""
+    """Execute the batch the way the DAG's operator does (spark-submit, or Spark Connect). Unless
+    `verbose`, Spark's output goes to a file and only the job's own lines (what it does, its progress)
+    are shown."""
     timings.mark("submit_prepare")
     postgres = connections.from_environment(pipeline.connections.postgres)
-    conns = (postgres, connections.from_environment(pipeline.connections.kafka))
-    with submit.spark_submit_hook(pipeline, batch_id, conns, mode=mode) as hook, \
-            _spark_output(pipeline.name, batch_id, verbose) as logger:
-        if logger is not None:
-            hook._log = logger  # LoggingMixin's logger: the hook logs every spark-submit line through it
+    kafka = connections.from_environment(pipeline.connections.kafka)
+    try:
+        spark = connections.from_environment(pipeline.connections.spark)
+    except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
+        spark = None
+    with _spark_output(pipeline.name, batch_id, verbose) as logger, \
+            submit.batch_execution(pipeline, batch_id, postgres, kafka, spark, mode=mode, log=logger) as execution:
         timings.mark("submit_start")
-        submit.run(hook, batch_id, connections.postgres_params(postgres))
+        execution.run()
         timings.mark("submit_done")
 
 
@@ -60,36 +63,53 @@ _JOB_LINE = re.compile(r"\bkafka_batch\.job: (.*)$")
 
 
 class _JobLines(logging.Handler):
-    """Shows the Spark job's own log lines on the terminal (the rest stays in the file)."""
+    """Shows the Spark job's own log lines on the terminal (the rest stays in the file): from
+    spark-submit's output, or from the job itself when it runs in this process (Spark Connect)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "kafka_batch.job":
+            print(f"  {record.getMessage()}", flush=True)
+            return
         match = _JOB_LINE.search(record.getMessage())
         if match:
             print(f"  {match.group(1)}", flush=True)
 
 
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 @contextmanager
 def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[logging.Logger | None]:
     """A logger writing spark-submit's output to a file under KAFKA_BATCH_LOG_DIR (default: the temp
-    directory) and showing the job's lines; None (Airflow's logging, on the terminal) when `verbose`."""
+    directory) and showing the job's lines; None (Airflow's logging, on the terminal) when `verbose`.
+    The project's own loggers (the job's, under Spark Connect) go the same way."""
     if verbose:
+        logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
         yield None
         return
     directory = Path(os.environ.get("KAFKA_BATCH_LOG_DIR") or Path(tempfile.gettempdir()) / "kafka-batch-logs")
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{pipeline_name}-batch-{batch_id}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
-    to_file = logging.FileHandler(path)
-    to_file.setFormatter(logging.Formatter("%(message)s"))
+    to_file, in_process_to_file = logging.FileHandler(path), logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(message)s"))  # spark-submit's lines are formatted already
+    in_process_to_file.setFormatter(logging.Formatter(_LOG_FORMAT))
     logger = logging.getLogger(f"kafka_batch.cli.spark_submit.{batch_id}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     logger.handlers = [to_file, _JobLines()]
+    project = logging.getLogger("kafka_batch")
+    saved = project.handlers, project.level, project.propagate
+    project.handlers, project.propagate = [in_process_to_file, _JobLines()], False
+    project.setLevel(logging.INFO)
     print(f"Spark's log: {path} (--verbose shows it here)", flush=True)
     try:
         yield logger
     finally:
         logger.handlers = []
+        project.handlers, project.propagate = saved[0], saved[2]
+        project.setLevel(saved[1])
         to_file.close()
+        in_process_to_file.close()
 
 
 def cmd_plan(args) -> int:
@@ -309,7 +329,8 @@ def cmd_quarantine(args) -> int:
 def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
-    return local_stack.main([args.action, *(["--airflow"] if args.airflow else [])])
+    flags = [flag for flag, on in (("--airflow", args.airflow), ("--spark-connect", args.spark_connect)) if on]
+    return local_stack.main([args.action, *flags])
 
 
 def _operator() -> str:
@@ -372,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "env"])
     p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "
                    "dag-processor and triggerer on loopback")
+    p.add_argument("--spark-connect", action="store_true", help="with up: also start a Spark Connect server on "
+                   "loopback (connection spark_connect_default)")
     p.set_defaults(func=cmd_local)
     return parser
 

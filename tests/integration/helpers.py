@@ -53,12 +53,18 @@ ROWS_SINK = {"columns": {"user_id": "user_id", "page": "page", "duration_ms": {"
                          "viewed_at": {"expr": "timestamp", "type": "timestamptz"}}}
 
 
-def new_pipeline(prefix: str, partitions: int = 3, rows: bool = False, **overrides):
-    """A page-views pipeline on a new topic with its own table (and a rows sink, with `rows`)."""
+def new_pipeline(prefix: str, partitions: int = 3, rows: bool = False, spark_submit: bool = False, **overrides):
+    """A page-views pipeline on a new topic with its own table (and a rows sink, with `rows`).
+
+    Its batches run on the tests' Spark Connect server (one JVM, warm Python workers: seconds per batch),
+    or through spark-submit, the default execution, with `spark_submit` (tests of that path).
+    """
     suffix = uuid.uuid4().hex[:8]
     name = f"{prefix}_{suffix}"
     definition = yaml.safe_load((ROOT / "pipelines" / "page_views.yaml").read_text())
     definition.update(name=name, topics=[f"{name}_topic"], schedule=None)
+    spark = "spark_default" if spark_submit else os.environ["KAFKA_BATCH_TEST_SPARK_CONN"]
+    definition["connections"] = {**definition.get("connections", {}), "spark": spark}
     definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
     if rows:
         definition["sinks"]["rows"] = {**ROWS_SINK, "table": f"{name}_views"}

@@ -131,7 +131,7 @@ def _loopback(address: str) -> bool:
 
 
 def test_a_dag_triggered_through_the_api_runs_on_the_scheduler_listening_on_loopback_only(server, services):
-    pipeline = new_pipeline("consoledag", partitions=2)
+    pipeline = new_pipeline("consoledag", partitions=2, spark_submit=True)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 400, seed=95)
     token = server.token()

@@ -53,7 +53,7 @@ DURATION_AS_TEXT_AGGREGATE = {
 
 
 def test_dag_runs_add_exactly_the_new_records(services):
-    pipeline = new_pipeline("e2e")
+    pipeline = new_pipeline("e2e", spark_submit=True)
     topic = pipeline.topics[0]
     produced = 0
     poison: set[int] = set()
@@ -96,9 +96,14 @@ def test_dag_runs_add_exactly_the_new_records(services):
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(services):
-    pipeline = new_pipeline("rerun")
+    pipeline = new_pipeline("rerun", spark_submit=True)
     sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 1200, seed=7)
-    run_cli("run", "--pipeline", pipeline.name, "--run-id", "first")
+    result = run_cli("run", "--pipeline", pipeline.name, "--run-id", "first")
+    # Quiet by default: the job's own lines and a summary table on the terminal, spark-submit's log in a file.
+    [log_line] = [line for line in result.stdout.splitlines() if line.startswith("Spark's log: ")]
+    assert "INFO SparkContext" in Path(log_line.split()[2]).read_text()
+    assert "SparkContext" not in result.stdout + result.stderr
+    assert re.search(r"\n  batch \d+: reading 3 range\(s\) \(\d+ after splitting\) in \d+ Spark task", result.stdout)
     before_table, before_positions = table_contents(pipeline), positions(pipeline.name)
     assert sum(v for v, _ in before_table.values()) == 1200
 
@@ -165,10 +170,9 @@ def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services)
 
     result = run_cli("run", "--pipeline", pipeline.name)
     assert "2 quarantined" in result.stdout
-    # Quiet by default: the job's own lines and a summary table on the terminal, Spark's log in a file.
+    # Under Spark Connect the job runs in the CLI: its lines on the terminal and in the log file.
     [log_line] = [line for line in result.stdout.splitlines() if line.startswith("Spark's log: ")]
-    assert "INFO SparkContext" in Path(log_line.split()[2]).read_text()
-    assert "SparkContext" not in result.stdout + result.stderr
+    assert "INFO kafka_batch.job: batch " in Path(log_line.split()[2]).read_text()
     assert re.search(r"\n  batch \d+: reading 1 range\(s\) \(\d+ after splitting\) in \d+ Spark task", result.stdout)
     assert [topic, "0", "0", "62", "60", "0", "2"] in [line.split() for line in result.stdout.splitlines()]
     assert re.search(r"batch \d+ committed: 60 records in \d+ s \([\d,]+ records/s\), 2 quarantined", result.stdout)

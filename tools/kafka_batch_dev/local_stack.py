@@ -5,6 +5,8 @@
 - A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
   never depends on it, and the tests also run against a real Kafka given by address).
 - Spark `local[*]` and Airflow need no server: `spark-submit` and `airflow dags test` run in place.
+  `up --spark-connect` also starts a Spark Connect server (local mode, loopback) from the installed
+  pyspark and defines the `spark_connect_default` connection for pipelines that execute through it.
   `up --airflow` (`make airflow`) also starts Airflow's api-server, scheduler, dag-processor and
   triggerer on loopback, with the simple auth manager's `admin` user and a generated password.
 
@@ -337,16 +339,54 @@ def _kafka_running(state: dict) -> bool:
 
 def stop_kafka(state: dict) -> set[int]:
     """Stop the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE; return survivors."""
-    if not _kafka_running(state):
+    return _stop_service(state, "kafka", "the Kafka broker")
+
+
+def _stop_service(state: dict, key: str, what: str) -> set[int]:
+    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after
+    KAFKA_STOP_GRACE; return survivors."""
+    if not _still_running(state.get(f"{key}_pid"), state.get(f"{key}_started")):
         return set()
-    pid = state["kafka_pid"]
+    pid = state[f"{key}_pid"]
     groups = {pid} if _is_group_leader(pid) else set()
     left = _stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
     if left:
-        print(f"kafka-batch local: the Kafka broker ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
+        print(f"kafka-batch local: {what} ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
               f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
         left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
+
+
+SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def start_spark_connect(base: Path, state: dict) -> None:
+    """A Spark Connect server in local mode on loopback, with the settings spark-submit gives every
+    batch (kafka_batch.spark.submit.SPARK_CONF), for pipelines whose Spark connection is
+    `spark_connect_default`."""
+    from kafka_batch.spark.submit import SPARK_CONF, spark_environment
+
+    port = state.get("spark_connect_port") or _free_port()
+    cores = os.cpu_count() or 2
+    conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
+            "spark.default.parallelism": cores}  # the job packs at least one read task per core
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--class", SPARK_CONNECT_SERVER,
+               "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect",
+               *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]
+    env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    log = base / "spark-connect.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    _wait(lambda: _port_open(port) or proc.poll() is not None, "the Spark Connect server", log, timeout=120)
+    if proc.poll() is not None:
+        raise RuntimeError(f"the Spark Connect server exited with {proc.returncode}; log {log}")
+    info = _proc_stat(proc.pid)
+    state.update(spark_connect_port=port, spark_connect_pid=proc.pid, spark_connect_started=info[3] if info else None)
+
+
+def _spark_connect_running(state: dict) -> bool:
+    return _still_running(state.get("spark_connect_pid"), state.get("spark_connect_started"))
 
 
 def _postmaster_pid(data: Path) -> int | None:
@@ -406,6 +446,9 @@ def connections_env(state: dict) -> dict[str, str]:
              "schema": DATABASE}
         ),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
+            {"conn_type": "spark_connect", "host": "127.0.0.1", "port": state["spark_connect_port"]})}
+           if _spark_connect_running(state) else {}),
     }
 
 
@@ -464,7 +507,7 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
     marker.touch()
 
 
-def up(base: Path | None = None) -> dict[str, str]:
+def up(base: Path | None = None, spark_connect: bool = False) -> dict[str, str]:
     base = (base or home()).resolve()
     base.mkdir(parents=True, exist_ok=True)
     state = read_state(base)
@@ -472,6 +515,8 @@ def up(base: Path | None = None) -> dict[str, str]:
         start_postgres(base, state)
     if not (_kafka_running(state) and _port_open(state["kafka_port"])):
         start_kafka(base, state)
+    if spark_connect and not (_spark_connect_running(state) and _port_open(state["spark_connect_port"])):
+        start_spark_connect(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
     (base / "env.sh").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
@@ -573,12 +618,14 @@ def down(base: Path | None = None) -> None:
     """Stop every process `up` started and check they are gone; RuntimeError naming any survivor."""
     base = (base or home()).resolve()
     state = read_state(base)
-    left = {"Airflow": stop_airflow(state), "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
+    left = {"Airflow": stop_airflow(state), "the Spark Connect server": _stop_service(state, "spark_connect", "Spark Connect"),
+            "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    if not left["the Kafka broker"]:
-        for key in ("kafka_pid", "kafka_started"):
-            state.pop(key, None)
+    for service, key in (("the Kafka broker", "kafka"), ("the Spark Connect server", "spark_connect")):
+        if not left[service]:
+            for suffix in ("pid", "started"):
+                state.pop(f"{key}_{suffix}", None)
     if state:
         _state_path(base).write_text(json.dumps(state, indent=2))
     survivors = [f"{what}: {_describe_processes(pids)}" for what, pids in left.items() if pids]
@@ -619,6 +666,8 @@ def describe(env: dict[str, str]) -> str:
         f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
         f"(the pipeline's role; administrator: postgres)",
         f"Airflow home    : {env['AIRFLOW_HOME']} (metadata DB: database {AIRFLOW_DATABASE})",
+        *([f"Spark Connect   : sc://127.0.0.1:{state['spark_connect_port']} (connection spark_connect_default)"]
+          if _spark_connect_running(state) else []),
         f"Environment     : source {home() / 'env.sh'}",
     ])
 
@@ -628,9 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "env"])
     parser.add_argument("--airflow", action="store_true",
                         help="with up: also start Airflow (api-server, scheduler, dag-processor, triggerer)")
+    parser.add_argument("--spark-connect", action="store_true",
+                        help="with up: also start a Spark Connect server (connection spark_connect_default)")
     args = parser.parse_args(argv)
     if args.action == "up":
-        env = up()
+        env = up(spark_connect=args.spark_connect)
         print(describe(env))
         if args.airflow:
             base = home()

@@ -1,4 +1,5 @@
-"""The execute step: spark-submit one batch through the same call the CLI makes (kafka_batch.spark.submit).
+"""The execute step: one batch through the same call the CLI makes (kafka_batch.spark.submit):
+spark-submit, or a Spark Connect server when the pipeline's Spark connection is one.
 
 Its outlets are one Asset per sink table, named `kafka_batch.<table>` (`sink_assets`): a DAG scheduled
 on `Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
@@ -10,7 +11,7 @@ committed before never reach this task (`has_work`).
 from __future__ import annotations
 
 from airflow.sdk import Asset, BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 
 from kafka_batch import connections
 from kafka_batch.config import Pipeline
@@ -36,17 +37,21 @@ class BatchSparkSubmitOperator(BaseOperator):
         self.pipeline = pipeline
         self.batch_id = batch_id
         self.mode = mode
-        self._hook = None
+        self._execution = None
 
     def execute(self, context) -> None:
         postgres = connections.from_airflow(self.pipeline.connections.postgres)
-        conns = (postgres, connections.from_airflow(self.pipeline.connections.kafka))
+        kafka = connections.from_airflow(self.pipeline.connections.kafka)
+        try:
+            spark = connections.from_airflow(self.pipeline.connections.spark)
+        except AirflowNotFoundException:  # spark-submit with its defaults, as the provider's hook does
+            spark = None
         batch_id = int(self.batch_id)
-        with submit.spark_submit_hook(self.pipeline, batch_id, conns, mode=self.mode,
-                                      try_number=context["ti"].try_number) as hook:
-            self._hook = hook
+        with submit.batch_execution(self.pipeline, batch_id, postgres, kafka, spark, mode=self.mode,
+                                    try_number=context["ti"].try_number) as execution:
+            self._execution = execution
             try:
-                submit.run(hook, batch_id, connections.postgres_params(postgres))
+                execution.run()
             except KafkaBatchError as exc:
                 if not exc.retryable:
                     raise AirflowFailException(str(exc)) from None
@@ -71,8 +76,8 @@ class BatchSparkSubmitOperator(BaseOperator):
             }
 
     def on_kill(self) -> None:
-        if self._hook is not None:
-            self._hook.on_kill()
+        if self._execution is not None:
+            self._execution.kill()
 
 
 def sink_assets(pipeline: Pipeline) -> list[Asset]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import threading
 import time
@@ -98,25 +99,74 @@ class _FenceWatch(_WhileSparkWorks):
                     log.warning("batch %s: now %s; cancelling attempt %s", batch_id, self.fenced_by, attempt)
                 # Again at every tick: cancelling only reaches jobs already submitted, and Spark may
                 # still be planning the job when the newer attempt is first seen.
-                spark.sparkContext.cancelAllJobs()
+                spark.interruptTag(batch_tag(batch_id))
         finally:
             if conn is not None:
                 conn.close()
 
 
 class _Progress(_WhileSparkWorks):
-    """Logs the read's progress every `interval` seconds while Spark works: (sub-)ranges and records
-    read by the tasks that finished, records/s. The CLI shows these lines; Spark's own log goes to a file."""
+    """Logs the read's progress every `interval` seconds while Spark works. The CLI shows these lines;
+    Spark's own log goes to a file."""
 
-    def __init__(self, batch_id: int, progress, pieces: int, interval: float = 10.0):
-        self._started = time.monotonic()
-        super().__init__("progress", batch_id, progress, pieces, interval)
+    def __init__(self, batch_id: int, describe: Callable[[float], str], interval: float = 10.0):
+        super().__init__("progress", batch_id, describe, interval)
 
-    def _watch(self, batch_id: int, progress, pieces: int, interval: float) -> None:
+    def _watch(self, batch_id: int, describe: Callable[[float], str], interval: float) -> None:
+        started = time.monotonic()
         while not self._stop.wait(interval):
-            records, done = progress[0].value, progress[1].value
-            log.info("batch %s progress: %d of %d ranges read, %d records, %.0f records/s", batch_id, done, pieces,
-                     records, records / (time.monotonic() - self._started))
+            log.info("batch %s progress: %s", batch_id, describe(time.monotonic() - started))
+
+
+class _ReadProgress:
+    """(Sub-)ranges and records read by the finished read tasks, from two accumulators they add to."""
+
+    def __init__(self, spark, pieces: int):
+        self.accumulators = (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0))
+        self.pieces = pieces
+
+    def __call__(self, seconds: float) -> str:
+        records, done = (a.value for a in self.accumulators)
+        return f"{done} of {self.pieces} ranges read, {records} records, {records / seconds:.0f} records/s"
+
+    def close(self) -> None:
+        pass
+
+
+class _ConnectProgress:
+    """Spark Connect has no accumulators: the tasks done in the running operation, as the server reports."""
+
+    def __init__(self, spark):
+        self.done = self.total = 0
+        self.accumulators = None
+        self._spark = spark
+        spark.registerProgressHandler(self._report)
+
+    def _report(self, stages, inflight_tasks, operation_id, done) -> None:
+        stages = list(stages or ())
+        self.total, self.done = sum(s.num_tasks for s in stages), sum(s.num_completed_tasks for s in stages)
+
+    def __call__(self, seconds: float) -> str:
+        return f"{self.done} of {self.total} Spark tasks done ({seconds:.0f} s)"
+
+    def close(self) -> None:
+        self._spark.removeProgressHandler(self._report)
+
+
+def is_connect(spark) -> bool:
+    """A Spark Connect session (no SparkContext on this side: no accumulators, cancel by interrupt)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _parallelism(spark) -> int:
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    return int(spark.conf.get("spark.default.parallelism", "1"))
+
+
+def batch_tag(batch_id: int) -> str:
+    """The tag of a batch's Spark operations: cancelling a batch interrupts only its own."""
+    return f"kafka_batch_batch_{batch_id}"
 
 
 def env_kafka_config(pipeline: Pipeline) -> dict:
@@ -177,15 +227,17 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     limits = pipeline.limits
     pieces = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
     # Small ranges share a task (one consumer for several partitions); at least one task per core.
-    tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, spark.sparkContext.defaultParallelism))
+    tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
-    progress = (spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0))  # records, ranges read
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress), pipeline)
+    progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators),
+                            pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
+    spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
     with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
-          _Progress(batch.id, progress, len(pieces))):
+          _Progress(batch.id, progress)):
         try:
             log.info("batch %s: reading %d range(s) (%d after splitting) in %d Spark task(s)", batch.id, len(ranges),
                      len(pieces), read_tasks)
@@ -200,10 +252,13 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
                 ) from None
             invalid = [line for line in str(exc).splitlines() if INVALID_RECORD in line]
             if invalid:  # bad data: the same on every retry, so say which record and do not retry
-                raise InputError(invalid[0][invalid[0].index(INVALID_RECORD):]) from None
+                message = invalid[0][invalid[0].index(INVALID_RECORD):]
+                raise InputError(re.sub(r"\s*SQLSTATE: \w+$", "", message)) from None  # Spark Connect adds it
             raise
         finally:
+            spark.removeTag(batch_tag(batch.id))
             records.unpersist()
+            progress.close()
     return outputs, read_tasks, quarantined
 
 

@@ -1,4 +1,6 @@
-"""How a batch reaches Spark: the one spark-submit call, used by the DAG's operator and by the CLI.
+"""How a batch reaches Spark, for the DAG's operator and the CLI alike (`batch_execution`): the one
+spark-submit call by default, or a Spark Connect server when the pipeline's Spark connection is one
+(`spark.connect`).
 
 The provider's SparkSubmitHook runs `spark_jobs/run_batch.py` with the package zipped for
 `--py-files`; the connections travel as `AIRFLOW_CONN_*` variables of the child process only, never
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from kafka_batch import errors
 from kafka_batch.config import PROJECT_ROOT, Pipeline
-from kafka_batch.connections import ConnectionFields, env_var
+from kafka_batch.connections import ConnectionFields, env_var, postgres_params
 
 APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -115,6 +117,37 @@ def spark_submit_hook(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class SubmitExecution:
+    """One batch through spark-submit; `kill` stops the child (the provider's on_kill)."""
+
+    def __init__(self, hook, batch_id: int, postgres: dict):
+        self.hook, self.batch_id, self.postgres = hook, batch_id, postgres
+
+    def run(self) -> None:
+        run(self.hook, self.batch_id, self.postgres)
+
+    def kill(self) -> None:
+        self.hook.on_kill()
+
+
+@contextmanager
+def batch_execution(
+    pipeline: Pipeline, batch_id: int, postgres: ConnectionFields, kafka: ConnectionFields,
+    spark: ConnectionFields | None, *, mode: str = "commit", try_number: int | None = None, log=None,
+) -> Iterator:
+    """The execution of one batch, by the type of the pipeline's Spark connection (None: undefined,
+    spark-submit's defaults); `log` takes spark-submit's output lines."""
+    from kafka_batch.spark import connect  # it uses this module
+
+    if connect.uses_connect(spark):
+        yield connect.ConnectExecution(pipeline, batch_id, postgres, kafka, mode=mode, try_number=try_number)
+        return
+    with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number) as hook:
+        if log is not None:
+            hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it
+        yield SubmitExecution(hook, batch_id, postgres_params(postgres))
+
+
 def run(hook, batch_id: int, postgres: dict) -> None:
     """spark-submit; a failure raises the kind of error the job reported through its exit code,
     with the error the job recorded on the batch."""
@@ -125,10 +158,10 @@ def run(hook, batch_id: int, postgres: dict) -> None:
     except AirflowException:
         process = getattr(hook, "_submit_sp", None)
         code = process.returncode if process is not None else None
-        raise errors.from_exit_code(code, f"batch {batch_id} failed: {_recorded_error(postgres, batch_id)}") from None
+        raise errors.from_exit_code(code, f"batch {batch_id} failed: {recorded_error(postgres, batch_id)}") from None
 
 
-def _recorded_error(postgres: dict, batch_id: int) -> str:
+def recorded_error(postgres: dict, batch_id: int) -> str:
     from kafka_batch.core import store
 
     try:

@@ -1,0 +1,104 @@
+"""How a batch reaches a long-lived Spark Connect server: the execution mode for frequent small batches.
+
+A pipeline whose Spark connection has the type `spark_connect` (the provider's SparkConnectHook
+builds the `sc://` URL, with its token and SSL settings) skips spark-submit: the job's driver code
+(`spark.job.run_batch`: load the plan, read, compute, the one commit transaction) runs in the
+calling process (the Airflow task or the CLI), and its Spark work runs on the server. The job code
+and the commit are the same as under spark-submit; what is saved is the JVM, the SparkContext and
+cold Python workers of every batch (~20 s on this machine).
+
+All clients of one package version share one server session (its id derives from the package's
+content): Spark 4.2 keeps a Python worker daemon per Connect session until the server stops, so a
+session per batch would leak one per batch, and a shared session keeps its workers warm. The
+package travels as a session artifact, so the server runs exactly the client's code. A batch's Spark
+operations carry a tag of their own, so cancelling one batch never touches another's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+import uuid
+from pathlib import Path
+
+from kafka_batch import connections, errors, timings
+from kafka_batch.connections import ConnectionFields
+from kafka_batch.spark import submit
+
+log = logging.getLogger("kafka_batch.connect")
+
+CONN_TYPE = "spark_connect"
+_SESSION_NAMESPACE = uuid.UUID("5d0f3a8e-7b1c-4c2e-9a6f-2f1f6b0c9e41")
+# Session settings every batch relies on (the server-wide ones, see submit.SPARK_CONF, are the server's).
+SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
+
+
+def uses_connect(spark: ConnectionFields | None) -> bool:
+    return spark is not None and spark.conn_type == CONN_TYPE
+
+
+def session_id(package: bytes) -> str:
+    """The server session every client of this package version shares."""
+    return str(uuid.uuid5(_SESSION_NAMESPACE, hashlib.sha256(package).hexdigest()))
+
+
+def session(conn_id: str):
+    """A session on the connection's server, with the package added (once per session)."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from pyspark.sql import SparkSession
+
+    url = SparkConnectHook(conn_id).get_connection_url()
+    with tempfile.TemporaryDirectory(prefix="kafka_batch_pyfiles_") as directory:
+        package = submit.package_zip(Path(directory))
+        shared = f"{url};session_id={session_id(package.read_bytes())}"
+        try:
+            spark = SparkSession.builder.remote(shared).getOrCreate()
+            spark.addArtifacts(str(package), pyfile=True)
+        except Exception as exc:  # noqa: BLE001 - sorted below: a closed session, or no server
+            if "SESSION_CLOSED" not in str(exc):
+                raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer: {errors.one_line(exc)}") from None
+            # The server timed the shared session out; it refuses that id until it restarts.
+            log.warning("the shared Spark Connect session was closed by the server; using a new one")
+            spark = SparkSession.builder.remote(url).create()
+            spark.addArtifacts(str(package), pyfile=True)
+    for key, value in SESSION_CONF.items():
+        spark.conf.set(key, value)
+    return spark
+
+
+class ConnectExecution:
+    """One batch through Spark Connect; `kill` interrupts only this batch's Spark operations."""
+
+    def __init__(self, pipeline, batch_id: int, postgres: ConnectionFields, kafka: ConnectionFields, *,
+                 mode: str = "commit", try_number: int | None = None):
+        self.pipeline = pipeline
+        self.batch_id = batch_id
+        self.postgres = connections.postgres_params(postgres)
+        self.kafka = connections.kafka_config(kafka)
+        self.mode = mode
+        self.try_number = try_number
+        self._spark = None
+
+    def run(self) -> None:
+        from kafka_batch.spark import job
+
+        timings.mark("job_main")
+        self._spark = spark = session(self.pipeline.connections.spark)
+        timings.mark("session_ready")
+        try:
+            job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,
+                          kafka_config=lambda _pipeline: self.kafka)
+        except Exception as exc:  # noqa: BLE001 - as under spark-submit: the kind, and the error the job recorded
+            log.exception("batch %s failed", self.batch_id)
+            kind = type(exc) if isinstance(exc, errors.KafkaBatchError) else errors.KafkaBatchError
+            raise kind(f"batch {self.batch_id} failed: {submit.recorded_error(self.postgres, self.batch_id)}") from None
+        finally:
+            spark.client.close()  # the channel only: the shared session stays for the next batch
+            timings.mark("spark_stopped")
+
+    def kill(self) -> None:
+        from kafka_batch.spark.job import batch_tag
+
+        if self._spark is not None:
+            self._spark.interruptTag(batch_tag(self.batch_id))
