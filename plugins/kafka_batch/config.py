@@ -57,6 +57,28 @@ class ReadSettings:
 
 
 @dataclass(frozen=True)
+class Replayable:
+    """The replay horizon: how long committed ranges stay replayable (and rewindable) range by range.
+
+    A range older than every bound given is folded: sinks merge the per-range state they keep (the
+    aggregate's contributions) into a base, in a commit transaction, without changing the output; the
+    state then grows with the horizon, not with every batch. No bound: ranges stay replayable forever.
+    """
+
+    batches: int | None = None  # the ranges of the newest N committed batches (replays included)
+    days: float | None = None  # ranges committed within the last D days
+
+    @property
+    def bounded(self) -> bool:
+        return self.batches is not None or self.days is not None
+
+    def __str__(self) -> str:
+        bounds = [f"the newest {self.batches} committed batches"] if self.batches is not None else []
+        bounds += [f"the last {self.days:g} days"] if self.days is not None else []
+        return " or ".join(bounds) or "forever"
+
+
+@dataclass(frozen=True)
 class Connections:
     kafka: str = "kafka_default"
     postgres: str = "kafka_batch_postgres"
@@ -87,6 +109,7 @@ class Pipeline:
     on_invalid_record: str = "quarantine"  # or "fail": a record the pipeline cannot process stops the batch
     limits: Limits = field(default_factory=Limits)
     read: ReadSettings = field(default_factory=ReadSettings)
+    replayable: Replayable = field(default_factory=Replayable)
     connections: Connections = field(default_factory=Connections)
     source: str = field(default="<memory>", compare=False)
     # The validated definition as canonical JSON data: what a batch snapshots and hashes.
@@ -215,7 +238,7 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     name = _identifier(where, "name", name)
     known = {
         "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "on_invalid_record", "limits",
-        "read", "connections",
+        "read", "connections", "replayable",
         "record", "sinks", "description",
     }
     if "aggregation" in raw:
@@ -287,10 +310,18 @@ def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
         on_invalid_record=on_invalid_record,
         limits=_positive_numbers(where, "limits", raw.get("limits"), Limits),
         read=_positive_numbers(where, "read", raw.get("read"), ReadSettings),
+        replayable=_replayable(where, raw.get("replayable")),
         connections=Connections(**connections),
         source=source,
         definition=raw,
     )
+
+
+def _replayable(where: str, raw: Any) -> Replayable:
+    replayable = _positive_numbers(where, "replayable", raw, Replayable)
+    if replayable.batches is not None and not isinstance(replayable.batches, int):
+        raise _fail(where, f"replayable.batches must be a whole number, got {replayable.batches!r}")
+    return replayable
 
 
 def _sinks(where: str, raw: Any) -> tuple[Sink, ...]:

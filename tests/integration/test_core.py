@@ -20,6 +20,7 @@ from kafka_batch import connections
 from kafka_batch.core import planning, store
 from kafka_batch.core.commit import commit_batch, preview_replay, retire_ranges
 from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core.resets import reset_positions
 from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
 from kafka_batch.errors import FencedAttempt, InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
@@ -433,3 +434,52 @@ def test_hostile_topic_names_keys_and_values_are_data(services):
     assert positions(pipeline.name) == {(HOSTILE, 0): 5}
     assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name) == [(1,)]
     conn.close()
+
+
+def test_ranges_beyond_the_replay_horizon_fold_keeping_the_totals_and_refuse_replays(services):
+    pipeline = new_pipeline("horizon", partitions=1, rows=True, replayable={"batches": 2})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 40)  # offsets for the rewind and replay to ask about
+    contributions = f"kafka_batch.{_sink(pipeline, 'aggregate').contributions_name}"
+    conn = store_connection()
+    batches = [_committed(conn, pipeline, f"r{n}", [OffsetRange(topic, 0, 10 * n, 10 * n + 10)], n + 1, page="/a")
+               for n in range(4)]
+    # 1+2+3+4 views; the two oldest batches left the horizon: one base row holds their 3 views.
+    assert table_contents(pipeline) == {("/a", MINUTE): (10, 100)}
+    assert query(f"SELECT range_id, views FROM {contributions} ORDER BY range_id") == [
+        (0, 3), (batches[2].ranges[0].range_id, 3), (batches[3].ranges[0].range_id, 4)]
+    folded = query("SELECT batch_id FROM kafka_batch.batch_ranges WHERE folded_at IS NOT NULL ORDER BY 1 ")
+    assert [b for (b,) in folded if b in {x.id for x in batches}] == [batches[0].id, batches[1].id]
+
+    # A range inside the horizon still leaves exactly; the base keeps the key alive.
+    with store.transaction(conn) as cur:
+        retire_ranges(cur, pipeline, list(batches[3].ranges), "test")
+    assert table_contents(pipeline) == {("/a", MINUTE): (6, 60)}
+    with store.transaction(conn) as cur:
+        retire_ranges(cur, pipeline, list(batches[2].ranges), "test")
+    assert table_contents(pipeline) == {("/a", MINUTE): (3, 30)}
+    assert sorted(o for _, _, o in rows_contents(pipeline)) == [0, 10, 11]  # the rows sink removes by offset
+
+    # Replays and rewinds of folded ranges are refused, naming the horizon; nothing changes.
+    before = _state(pipeline)
+    kafka = KafkaOffsets(kafka_config())
+    with pytest.raises(InputError, match=r"folded into the totals on .*\(replayable: the newest 2 committed batches"):
+        planning.plan_replay(conn, kafka, pipeline, planning.OffsetRequest(topic, (0,), 5, 15), run_id="replay",
+                             requested_by="test", reason="test")
+    with pytest.raises(InputError, match=r"rewind of .*\[0\] to 0: range .* was folded into the totals"):
+        reset_positions(conn, kafka, pipeline, planning.OffsetRequest(topic, (0,), from_offset=0), requested_by="test",
+                        reason="test")
+    with pytest.raises(InputError, match="folded into the totals"):
+        planning.recompute_batch(conn, pipeline, batches[1], requested_by="test")
+    assert _state(pipeline) == before
+    conn.close()
+
+
+def test_the_replay_horizon_is_validated(services):
+    from kafka_batch.config import parse_pipeline
+
+    definition = {**new_pipeline("horizonbad", partitions=0).definition}
+    for bad, named in (({"batches": 2.5}, "whole number"), ({"batches": 0}, "positive"), ({"weeks": 1}, "unknown")):
+        with pytest.raises(InputError, match=named):
+            parse_pipeline({**definition, "replayable": bad})
+    assert str(parse_pipeline({**definition, "replayable": {"days": 30}}).replayable) == "the last 30 days"

@@ -39,15 +39,28 @@ def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by
 
 
 def _replaced(cur, batch_id: int) -> list[OffsetRange]:
-    """The live ranges a replay recomputes; refused if one was retired since the replay was planned."""
+    """The live ranges a replay recomputes; refused if one was retired, or folded (it left the replay
+    horizon), since the replay was planned."""
     replaced = store.replaced_ranges(cur, batch_id, lock=True)
+    folded = store.folded(cur, [r.range_id for r, _ in replaced])
     for r, retired_by in replaced:
-        if retired_by is not None:
+        if retired_by is not None or r.range_id in folded:
+            why = f"retired by {retired_by}" if retired_by is not None else "folded (it left the replay horizon)"
             raise StateError(
-                f"replay batch {batch_id}: range {r} was retired by {retired_by} after the replay was planned;"
-                " nothing was committed, plan the replay again"
+                f"replay batch {batch_id}: range {r} was {why} after the replay was planned; nothing was committed"
+                + (", plan the replay again" if retired_by is not None else "")
             )
     return [r for r, _ in replaced]
+
+
+def fold_beyond_horizon(cur, pipeline: Pipeline) -> int:
+    """Inside the commit: ranges that left the replay horizon fold into every sink's base; returns how many."""
+    range_ids = store.ranges_beyond(cur, pipeline.name, pipeline.replayable)
+    if range_ids:
+        for sink in pipeline.sinks:
+            sink.fold(cur, range_ids)
+        store.mark_folded(cur, range_ids)
+    return len(range_ids)
 
 
 def _counts(batch: store.Batch, outputs: Mapping[str, SinkOutput]) -> dict[int, RangeCounts]:
@@ -89,6 +102,7 @@ def commit_batch(
         store.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
         store.record_data_loss(cur, pipeline.name, batch_id)
         store.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
+        fold_beyond_horizon(cur, pipeline)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), rows)
 
 

@@ -208,6 +208,18 @@ def overlapping(cur, pipeline: Pipeline, topic: str, partition: int, lo: int, hi
     return [r for r in store.live_ranges(cur, pipeline.name, topic, partition) if r.from_offset < hi and r.until_offset > lo]
 
 
+def refuse_folded(cur, pipeline: Pipeline, ranges: list[OffsetRange], what: str) -> None:
+    """Ranges beyond the replay horizon cannot leave the outputs one by one any more: refuse them."""
+    when = store.folded(cur, [r.range_id for r in ranges])
+    if when:
+        r = next(r for r in ranges if r.range_id in when)
+        raise InputError(
+            f"{what}: range {r} was folded into the totals on {when[r.range_id]:%Y-%m-%d %H:%M} UTC, beyond the"
+            f" replay horizon (replayable: {pipeline.replayable}); it can no longer be replayed or rewound range by"
+            " range. Choose newer offsets, or widen `replayable` (for ranges committed from now on)"
+        )
+
+
 def ranges_to_replay(cur, kafka: KafkaOffsets, pipeline: Pipeline, request: OffsetRequest) -> list[OffsetRange]:
     """The committed ranges the request overlaps (the request widened to them), checked readable."""
     partitions = read_partitions(cur, pipeline, request)
@@ -216,6 +228,7 @@ def ranges_to_replay(cur, kafka: KafkaOffsets, pipeline: Pipeline, request: Offs
     if not replayed:
         spans = ", ".join(f"[{p}] {lo}..{hi}" for p, (lo, hi) in bounds.items())
         raise InputError(f"no committed range of {request.topic} overlaps {spans}; nothing to replay")
+    refuse_folded(cur, pipeline, replayed, "replay")
     log_starts = kafka.offsets([(r.topic, r.partition) for r in replayed])
     for r in replayed:
         log_start = log_starts[(r.topic, r.partition)].log_start
@@ -258,6 +271,7 @@ def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str
         ]
         if not replayed:
             raise InputError(f"batch {batch.id} has no committed range left to recompute (rewound since?)")
+        refuse_folded(cur, pipeline, replayed, f"recompute of batch {batch.id}")
         return store.insert_replay(
             cur, pipeline, f"{prefix}{earlier + 1}", dag_id, replayed, requested_by, f"recompute of batch {batch.id}"
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kafka_batch.config import Pipeline
 from kafka_batch.core import store
 from kafka_batch.core.commit import retire_ranges
-from kafka_batch.core.planning import OffsetRequest, offsets_at, prepare, read_partitions
+from kafka_batch.core.planning import OffsetRequest, offsets_at, prepare, read_partitions, refuse_folded
 from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.core.store import transaction
 from kafka_batch.errors import InputError
@@ -85,6 +85,7 @@ def _plan_reset(cur, pipeline: Pipeline, topic: str, partition: int, position: i
         raise InputError(
             f"{where}: cannot rewind to {target}: the earliest available offset is {offsets.log_start} (beyond retention)"
         )
+    refuse_folded(cur, pipeline, after, f"rewind of {where} to {target}")
     return Reset(topic, partition, position, target, tuple(after), note)
 
 

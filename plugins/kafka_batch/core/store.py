@@ -417,6 +417,38 @@ def replaced_ranges(cur, batch_id: int, *, lock: bool = False) -> list[tuple[Off
     return [(OffsetRange(*row[:6]), row[6]) for row in cur.fetchall()]
 
 
+def ranges_beyond(cur, pipeline_name: str, horizon) -> list[int]:
+    """The live ranges older than every bound of the replay horizon (config.Replayable), not folded yet."""
+    conditions, params = [], [pipeline_name]
+    if horizon.batches is not None:
+        conditions.append("b.id NOT IN (SELECT id FROM kafka_batch.batches WHERE pipeline = %s AND status = 'committed'"
+                          " ORDER BY committed_at DESC, id DESC LIMIT %s)")
+        params += [pipeline_name, horizon.batches]
+    if horizon.days is not None:
+        conditions.append("b.committed_at < now() - make_interval(secs => %s)")
+        params.append(horizon.days * 86400)
+    if not conditions:
+        return []
+    cur.execute(
+        "SELECT r.id FROM kafka_batch.batch_ranges r JOIN kafka_batch.batches b ON b.id = r.batch_id"
+        " WHERE b.pipeline = %s AND b.status = 'committed' AND r.retired_at IS NULL AND r.folded_at IS NULL AND "
+        + " AND ".join(conditions) + " ORDER BY r.id",
+        params,
+    )
+    return [row[0] for row in cur.fetchall()]
+
+
+def mark_folded(cur, range_ids: list[int]) -> None:
+    cur.execute("UPDATE kafka_batch.batch_ranges SET folded_at = now() WHERE id = ANY(%s)", (range_ids,))
+
+
+def folded(cur, range_ids: list[int]) -> dict[int, datetime]:
+    """When each of the ranges was folded (left the replay horizon), for those that were."""
+    cur.execute("SELECT id, folded_at FROM kafka_batch.batch_ranges WHERE id = ANY(%s) AND folded_at IS NOT NULL",
+                (range_ids,))
+    return dict(cur.fetchall())
+
+
 def retire(cur, range_ids: list[int], retired_by: str) -> None:
     """Committed ranges leave the live ledger (their rows stay, marked why) and the quarantine."""
     cur.execute(

@@ -2,7 +2,9 @@
 
 Totals live in `public.<table>`; what every committed range added lives in
 `kafka_batch.<table>__by_range`, which is what makes removing a range's effect exact (replay, rewind).
-Measures must be additive (sums), so contributions can be added and subtracted.
+Measures must be additive (sums), so contributions can be added and subtracted. Ranges beyond the
+pipeline's replay horizon are folded: their contributions merge into the base rows (range id 0), so
+the table grows with the keys and the horizon, not with every batch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from kafka_batch.sinks.base import (
 
 MEASURE_TYPES = {"bigint": "bigint", "double precision": "double"}
 SCHEMA = "kafka_batch"
+BASE_RANGE = 0  # the contributions of every folded range, per key (range ids start at 1)
 
 
 def _sums(measures: Sequence[str]) -> sql.Composable:
@@ -225,6 +228,21 @@ class AggregateSink(Sink):
         )
         cur.execute("DROP TABLE aggregate_removed")
         return removed
+
+    def fold(self, cur, range_ids: Sequence[int]) -> None:
+        """Merge the ranges' contributions into the base rows: the totals stay as they are, and a key
+        with a base row is never dropped by a later removal (see `remove`)."""
+        if not range_ids:
+            return
+        ids = [BASE_RANGE, *range_ids]
+        parts = {"keys": names(self.keys), "sums": _sums(self.measure_names), "contributions": self._contributions}
+        cur.execute(sql.SQL(
+            "CREATE TEMP TABLE aggregate_folded ON COMMIT DROP AS SELECT {keys}, {sums} FROM {contributions}"
+            " WHERE range_id = ANY(%s) GROUP BY {keys}").format(**parts), (ids,))
+        cur.execute(sql.SQL("DELETE FROM {contributions} WHERE range_id = ANY(%s)").format(**parts), (ids,))
+        cur.execute(sql.SQL("INSERT INTO {contributions} (range_id, {keys}, {measures}) SELECT %s, {keys}, {measures}"
+                            " FROM aggregate_folded").format(measures=names(self.measure_names), **parts), (BASE_RANGE,))
+        cur.execute("DROP TABLE aggregate_folded")
 
     def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: pa.Table) -> int:
         """Per group key: the measures the replaced ranges contribute now, and what they would."""

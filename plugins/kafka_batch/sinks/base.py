@@ -236,3 +236,7 @@ class Sink(ABC):
 
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook
         """Drop what an attempt of the batch (None: every attempt) staged; most sinks stage nothing."""
+
+    def fold(self, cur, range_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Inside a transaction: the ranges left the replay horizon; merge any per-range state they keep
+        into a base without changing the output (they will never be removed one by one again)."""
