@@ -9,6 +9,7 @@ One run produces the data, plans every batch, then measures (each with the load 
   fixed cost      a 1,000-record batch through `kafka-batch run`, with the phases of its timings
   Spark Connect   the big run and the fixed cost again through a long-lived Spark Connect server
   commit          commit_batch of 100k distinct aggregate contribution rows
+  contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
 and prints ONE table with each target's ratio and PASS/FAIL, also written as JSON (--json).
@@ -311,6 +312,20 @@ def fixed_cost(env: Env, records: int, spark: str) -> dict:
                phases=breakdown)
 
 
+def contributions_size(env: Env, pipeline, records: int) -> None:
+    """The per-range contributions a batch leaves (what the replay horizon folds), per million records."""
+    [sink] = pipeline.sinks
+    conn = store.connect(env.postgres)
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_total_relation_size(%s), (SELECT count(*) FROM kafka_batch.{})".format(
+            f'"{sink.contributions_name}"'), (f'kafka_batch."{sink.contributions_name}"',))
+        size, rows = cur.fetchone()
+    conn.close()
+    row("contributions table", size / 2**20 / (records / 1e6), "MB/M records",
+        f"{rows:,} rows, {size / 2**20:.1f} MB with indexes after {records:,} records (keys x ranges; the replay horizon"
+        " folds older ranges into one row per key)", rows=rows)
+
+
 def commit_rows(env: Env, rows: int) -> float:
     """commit_batch of `rows` distinct (range, page, minute) contributions, spread over 4 ranges."""
     topic = f"{env.prefix}_commit"
@@ -400,6 +415,7 @@ def main() -> int:
     small_run = spark_run(env, small, small_batch, "small")
     big_run = spark_run(env, big, big_batch, "big")
     big_connect_run = spark_run(env, big_connect, big_connect_batch, "big, Spark Connect")
+    contributions_size(env, big, big_run["records"])
     marginal = (big_run["records"] - small_run["records"]) / max(big_run["seconds"] - small_run["seconds"], 1e-9)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
