@@ -99,7 +99,7 @@ class _FenceWatch(_WhileSparkWorks):
                     log.warning("batch %s: now %s; cancelling attempt %s", batch_id, self.fenced_by, attempt)
                 # Again at every tick: cancelling only reaches jobs already submitted, and Spark may
                 # still be planning the job when the newer attempt is first seen.
-                spark.interruptTag(batch_tag(batch_id))
+                _cancel(spark, batch_id)
         finally:
             if conn is not None:
                 conn.close()
@@ -165,8 +165,18 @@ def _parallelism(spark) -> int:
 
 
 def batch_tag(batch_id: int) -> str:
-    """The tag of a batch's Spark operations: cancelling a batch interrupts only its own."""
+    """The tag of a batch's Spark operations on a shared Spark Connect session: cancelling a batch
+    interrupts only its own."""
     return f"kafka_batch_batch_{batch_id}"
+
+
+def _cancel(spark, batch_id: int) -> None:
+    """Stop the batch's Spark jobs: by its tag on a shared Connect session; all jobs of the
+    application under spark-submit, whose application runs this one batch."""
+    if is_connect(spark):
+        spark.interruptTag(batch_tag(batch_id))
+    else:
+        spark.sparkContext.cancelAllJobs()
 
 
 def env_kafka_config(pipeline: Pipeline) -> dict:

@@ -1,0 +1,109 @@
+"""Batches on a real Spark standalone cluster: a master and two workers started from the installed
+Spark distribution on loopback, the job submitted in client mode to `spark://` with the package
+shipped by `--py-files` (as in docker-compose), results compared with the topic read independently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from kafka_batch.spark.submit import spark_environment
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    batches_of,
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    rows_contents,
+    rows_truth,
+    run_cli,
+    table_contents,
+)
+
+pytestmark = pytest.mark.integration
+WORKERS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _master_state(ui_port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
+            return json.load(response)
+    except OSError:
+        return {}
+
+
+@contextmanager
+def standalone_cluster(directory: Path):
+    """`spark://127.0.0.1:<port>` with WORKERS workers of one core each; every process stopped at the end."""
+    env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(directory)}
+    spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
+    port, ui = _free_port(), _free_port()
+    master = f"spark://127.0.0.1:{port}"
+    commands = [[spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                 "--webui-port", str(ui)]]
+    commands += [[spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
+                  "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(directory / f"worker{n}"),
+                  master] for n in range(WORKERS)]
+    processes = []
+    try:
+        for n, command in enumerate(commands):
+            with open(directory / f"process{n}.log", "ab") as log:
+                processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))
+        deadline = time.monotonic() + 180
+        while sum(w.get("state") == "ALIVE" for w in _master_state(ui).get("workers", [])) < WORKERS:
+            assert time.monotonic() < deadline, f"the standalone cluster did not come up; logs in {directory}"
+            assert all(p.poll() is None for p in processes), f"a cluster process exited; logs in {directory}"
+            time.sleep(1)
+        yield master, ui
+    finally:
+        for p in processes:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in processes:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_path, monkeypatch):
+    with standalone_cluster(tmp_path) as (master, ui):
+        host, port = master.rsplit(":", 1)
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_STANDALONE",
+                           json.dumps({"conn_type": "spark", "host": host, "port": int(port),
+                                       "extra": {"deploy-mode": "client"}}))
+        pipeline = new_pipeline("standalone", partitions=3, rows=True, spark_submit=True,
+                                connections={"spark": "spark_standalone"},
+                                limits={"max_records_per_task": 700, "min_tasks": 2})
+        topic = pipeline.topics[0]
+        for seed in (1, 2):
+            sample_data.produce_page_views(kafka_config(), topic, 1500, seed=seed)
+            run_cli("run", "--pipeline", pipeline.name)
+            assert table_contents(pipeline) == ground_truth(topic)
+            assert rows_contents(pipeline) == rows_truth(topic)
+
+        # The batches ran on the cluster: the master lists them, and executors ran on the workers.
+        state = _master_state(ui)
+        apps = state.get("completedapps", []) + state.get("activeapps", [])
+        ours = {f"kafka_batch:batch-{batch[0]}" for batch in batches_of(pipeline.name)}
+        assert len(ours) == 2 and ours <= {a["name"] for a in apps}, apps
+        executors = [path for n in range(WORKERS) for path in (tmp_path / f"worker{n}").rglob("stderr")]
+        assert executors, "no executor ran on the workers"
