@@ -111,9 +111,15 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
     # Same run id: the persisted (committed) batch comes back, Spark is not started, nothing moves.
     again = run_cli("run", "--pipeline", pipeline.name, "--run-id", "first")
     assert "committed" in again.stdout
-    # The Spark job itself, handed the committed batch, is a no-op success too.
+    # The Spark job itself, handed the committed batch, is a no-op success too, even from a process that
+    # has just executed another pipeline's batch through Spark Connect (pyspark marks such a process).
     from kafka_batch.cli import submit_batch
 
+    other = new_pipeline("rerunconnect", partitions=1)
+    sample_data.produce_page_views(kafka_config(), other.topics[0], 100, seed=9)
+    run_cli("plan", "--pipeline", other.name)
+    submit_batch(other, batches_of(other.name)[0][0])
+    assert table_contents(other) == ground_truth(other.topics[0])
     submit_batch(pipeline, batches_of(pipeline.name)[0][0])
     assert table_contents(pipeline) == before_table
     assert positions(pipeline.name) == before_positions

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kafka_batch import connections, errors, timings
@@ -29,6 +32,7 @@ from kafka_batch.spark import submit
 log = logging.getLogger("kafka_batch.connect")
 
 CONN_TYPE = "spark_connect"
+_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SESSION_NAMESPACE = uuid.UUID("5d0f3a8e-7b1c-4c2e-9a6f-2f1f6b0c9e41")
 # Session settings every batch relies on (the server-wide ones, see submit.SPARK_CONF, are the server's).
 SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
@@ -67,6 +71,19 @@ def session(conn_id: str):
     return spark
 
 
+@contextmanager
+def _connect_mode() -> Iterator[None]:
+    """pyspark marks the process as a Spark Connect client in its environment (its functions dispatch
+    on it); a spark-submit this process starts later (a CLI or bench run of another pipeline) must not
+    inherit the mark, or its driver looks for a Connect server."""
+    marked = _CONNECT_MODE in os.environ
+    try:
+        yield
+    finally:
+        if not marked:
+            os.environ.pop(_CONNECT_MODE, None)
+
+
 class ConnectExecution:
     """One batch through Spark Connect; `kill` interrupts only this batch's Spark operations."""
 
@@ -81,6 +98,10 @@ class ConnectExecution:
         self._spark = None
 
     def run(self) -> None:
+        with _connect_mode():
+            self._run()
+
+    def _run(self) -> None:
         from kafka_batch.spark import job
 
         timings.mark("job_main")
