@@ -42,12 +42,9 @@ chromium:
 		else echo "Chromium missing at $(CHROMIUM): sudo apt-get install -y chromium (the browser tests need it)"; fi; \
 	fi
 
-# Test files run on TEST_WORKERS processes (pytest-xdist), each with its own embedded services.
-TEST_WORKERS ?= 2
-
 test: install chromium
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/pytest tests
 
 test-browser: install chromium
 	$(BIN)/pytest -m browser tests

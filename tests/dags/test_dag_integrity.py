@@ -17,9 +17,12 @@ PIPELINES = load_pipelines(PROJECT_ROOT / "pipelines")
 
 @pytest.fixture(scope="module")
 def dagbag():
+    """The DAGs of the repository's pipelines, whatever directory other tests' services point at."""
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KAFKA_BATCH_PIPELINES_DIR", str(PROJECT_ROOT / "pipelines"))
+        return DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
 
 
 def test_dags_import_without_errors(dagbag):
