@@ -36,6 +36,7 @@ import psutil
 import pyarrow as pa
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from psycopg2 import sql
 
 from kafka_batch import connections, timings
 from kafka_batch.cli import submit_batch
@@ -293,10 +294,11 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
 
 
 def fixed_cost(env: Env, records: int, spark: str) -> dict:
-    topic = f"{env.prefix}_fixed_{MODE[spark][:5].lower()}"
+    name = f"fixed_{spark}"  # a topic and a pipeline of its own for each mode
+    topic = f"{env.prefix}_{name}"
     sample_data.ensure_topic(env.kafka, topic, 1)
     sample_data.produce_page_views(env.kafka, topic, records, seed=5)
-    pipeline = env.pipeline(topic.removeprefix(f"{env.prefix}_"), topic, spark)
+    pipeline = env.pipeline(name, topic, spark)
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     cli = str(Path(sys.executable).parent / "kafka-batch")
     started_wall = time.time()
@@ -315,10 +317,10 @@ def fixed_cost(env: Env, records: int, spark: str) -> dict:
 def contributions_size(env: Env, pipeline, records: int) -> None:
     """The per-range contributions a batch leaves (what the replay horizon folds), per million records."""
     [sink] = pipeline.sinks
+    table = sql.Identifier("kafka_batch", sink.contributions_name)
     conn = store.connect(env.postgres)
     with conn, conn.cursor() as cur:
-        cur.execute("SELECT pg_total_relation_size(%s), (SELECT count(*) FROM kafka_batch.{})".format(
-            f'"{sink.contributions_name}"'), (f'kafka_batch."{sink.contributions_name}"',))
+        cur.execute(sql.SQL("SELECT pg_total_relation_size(%s), count(*) FROM {}").format(table), (table.as_string(cur),))
         size, rows = cur.fetchone()
     conn.close()
     row("contributions table", size / 2**20 / (records / 1e6), "MB/M records",

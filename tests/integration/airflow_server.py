@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -54,19 +53,13 @@ class Server:
             return exc.code, exc.read().decode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def airflow(extra_env: dict[str, str] | None = None) -> Iterator[Server]:
     """Airflow as `make airflow` starts it (api-server, scheduler, dag-processor, triggerer), on the test
     services and a free loopback port; every component is stopped at the end."""
     base = Path(os.environ["AIRFLOW_HOME"]).parent
     state = local_stack.read_state(base)
-    state["airflow_port"] = free_port()
+    state["airflow_port"] = local_stack.free_port()
     connections = {k: v for k, v in os.environ.items() if k.startswith("AIRFLOW_CONN_")}
     try:
         url = local_stack.start_airflow(base, state, {**connections, **(extra_env or {})})

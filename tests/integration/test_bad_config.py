@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tests.integration.airflow_server import free_port
+from kafka_batch_dev.local_stack import free_port
 from tests.integration.helpers import new_pipeline, query, run_cli, sink_table
 
 pytestmark = pytest.mark.integration

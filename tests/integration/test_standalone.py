@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -17,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from kafka_batch.spark.submit import spark_environment
-from kafka_batch_dev import sample_data
+from kafka_batch_dev import local_stack, sample_data
+from kafka_batch_dev.local_stack import free_port
 from tests.integration.helpers import (
     batches_of,
     ground_truth,
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.integration
 WORKERS = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _master_state(ui_port: int) -> dict:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
@@ -52,12 +46,12 @@ def standalone_cluster(directory: Path):
     """`spark://127.0.0.1:<port>` with WORKERS workers of one core each; every process stopped at the end."""
     env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(directory)}
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     master = f"spark://127.0.0.1:{port}"
     commands = [[spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
                  "--webui-port", str(ui)]]
     commands += [[spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                  "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(directory / f"worker{n}"),
+                  "--memory", "1g", "--webui-port", str(free_port()), "--work-dir", str(directory / f"worker{n}"),
                   master] for n in range(WORKERS)]
     processes = []
     try:
@@ -72,16 +66,9 @@ def standalone_cluster(directory: Path):
             time.sleep(1)
         yield master, ui
     finally:
-        for p in processes:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in processes:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        pids = {p.pid for p in processes}  # each leads its process group (executors included)
+        left = local_stack.stop_processes(pids, pids, [(signal.SIGTERM, 30.0), (signal.SIGKILL, local_stack.KILL_WAIT)])
+        assert not left, f"cluster processes survived SIGKILL: {left}"
 
 
 def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_path, monkeypatch):

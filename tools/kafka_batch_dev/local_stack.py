@@ -60,7 +60,7 @@ def home() -> Path:
     return Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local")).resolve()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -145,7 +145,7 @@ def _signal(pids: set[int], groups: set[int], sig: signal.Signals) -> None:
             pass
 
 
-def _stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]]) -> set[int]:
+def stop_processes(pids: set[int], groups: set[int], steps: list[tuple[signal.Signals, float]]) -> set[int]:
     """Send each signal of `steps` in turn, waiting up to its time for `pids`, their process groups
     `groups` and their descendants to exit; return the processes still running after the last step."""
     tracked = _family(pids, groups)
@@ -271,7 +271,7 @@ def start_postgres(base: Path, state: dict) -> None:
                         [data, log], user)
     if not (data / "PG_VERSION").exists():
         _run_pg([_pg_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "-E", "UTF8"], "initdb")
-    port = state.get("postgres_port") or _free_port()
+    port = state.get("postgres_port") or free_port()
     _run_pg(
         [_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
          "-o", f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200", "start"],
@@ -307,22 +307,24 @@ def _kafka_command(port: int, data_dir: Path) -> list[str]:
 
 
 def start_kafka(base: Path, state: dict) -> None:
-    port = state.get("kafka_port") or _free_port()
-    log = base / "kafka.log"
+    # The noida-db launcher is a Python process that runs the server as its child: `down` signals the group.
+    port = state.get("kafka_port") or free_port()
+    _start_service(base, state, "kafka", "the Kafka broker", _kafka_command(port, base / "kafka"), port)
+
+
+def _start_service(base: Path, state: dict, key: str, what: str, command: list[str], port: int,
+                   env: dict[str, str] | None = None, timeout: float = 60.0) -> None:
+    """Start a server in its own session and process group (`down` signals the group), logging to
+    `<key>.log`; once its port answers, record its port, pid and start time under `key` in `state`."""
+    log = base / f"{key.replace('_', '-')}.log"
     with open(log, "ab") as out:
-        # Its own session and process group: `down` signals the group (the noida-db launcher is a Python
-        # process that runs the server as its child).
-        proc = subprocess.Popen(
-            _kafka_command(port, base / "kafka"),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-    _wait(lambda: _port_open(port) or proc.poll() is not None, "the Kafka broker", log)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    _wait(lambda: _port_open(port) or proc.poll() is not None, what, log, timeout=timeout)
     if proc.poll() is not None:
-        raise RuntimeError(f"the Kafka broker exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
-    state["kafka_port"] = port
-    state["kafka_pid"] = proc.pid
+        raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
     info = _proc_stat(proc.pid)
-    state["kafka_started"] = info[3] if info else None
+    state.update({f"{key}_port": port, f"{key}_pid": proc.pid, f"{key}_started": info[3] if info else None})
 
 
 def _still_running(pid: int | None, started: int | None) -> bool:
@@ -333,8 +335,9 @@ def _still_running(pid: int | None, started: int | None) -> bool:
     return info is None or started in (None, info[3])
 
 
-def _kafka_running(state: dict) -> bool:
-    return _still_running(state.get("kafka_pid"), state.get("kafka_started"))
+def _service_running(state: dict, key: str) -> bool:
+    """The server `up` started under `key` (see _start_service) still runs."""
+    return _still_running(state.get(f"{key}_pid"), state.get(f"{key}_started"))
 
 
 def stop_kafka(state: dict) -> set[int]:
@@ -345,19 +348,20 @@ def stop_kafka(state: dict) -> set[int]:
 def _stop_service(state: dict, key: str, what: str) -> set[int]:
     """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after
     KAFKA_STOP_GRACE; return survivors."""
-    if not _still_running(state.get(f"{key}_pid"), state.get(f"{key}_started")):
+    if not _service_running(state, key):
         return set()
     pid = state[f"{key}_pid"]
     groups = {pid} if _is_group_leader(pid) else set()
-    left = _stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
+    left = stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
     if left:
         print(f"kafka-batch local: {what} ignored SIGTERM for {KAFKA_STOP_GRACE:g}s "
               f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
-        left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
+        left = stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
 
 
 SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+SPARK_CONNECT = "the Spark Connect server"
 
 
 def start_spark_connect(base: Path, state: dict) -> None:
@@ -366,7 +370,7 @@ def start_spark_connect(base: Path, state: dict) -> None:
     `spark_connect_default`."""
     from kafka_batch.spark.submit import SPARK_CONF, spark_environment
 
-    port = state.get("spark_connect_port") or _free_port()
+    port = state.get("spark_connect_port") or free_port()
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores}  # the job packs at least one read task per core
@@ -374,19 +378,7 @@ def start_spark_connect(base: Path, state: dict) -> None:
                "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect",
                *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]
     env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
-    log = base / "spark-connect.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    _wait(lambda: _port_open(port) or proc.poll() is not None, "the Spark Connect server", log, timeout=120)
-    if proc.poll() is not None:
-        raise RuntimeError(f"the Spark Connect server exited with {proc.returncode}; log {log}")
-    info = _proc_stat(proc.pid)
-    state.update(spark_connect_port=port, spark_connect_pid=proc.pid, spark_connect_started=info[3] if info else None)
-
-
-def _spark_connect_running(state: dict) -> bool:
-    return _still_running(state.get("spark_connect_pid"), state.get("spark_connect_started"))
+    _start_service(base, state, "spark_connect", SPARK_CONNECT, command, port, env, timeout=120)
 
 
 def _postmaster_pid(data: Path) -> int | None:
@@ -423,11 +415,11 @@ def stop_postgres(base: Path) -> set[int]:
                     f"pg_ctl stop -m {mode}", check=False)
         except RuntimeError as exc:  # pg_ctl itself cannot run: fall through to the next step
             print(f"kafka-batch local: {exc}", file=sys.stderr)
-    left = _stop_processes(family, groups, [])
+    left = stop_processes(family, groups, [])
     if left:
         print(f"kafka-batch local: Postgres did not stop with pg_ctl -m fast nor -m immediate "
               f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
-        left = _stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
+        left = stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
 
 
@@ -448,7 +440,7 @@ def connections_env(state: dict) -> dict[str, str]:
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
             {"conn_type": "spark_connect", "host": "127.0.0.1", "port": state["spark_connect_port"]})}
-           if _spark_connect_running(state) else {}),
+           if _service_running(state, "spark_connect") else {}),
     }
 
 
@@ -513,9 +505,9 @@ def up(base: Path | None = None, spark_connect: bool = False) -> dict[str, str]:
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    if not (_kafka_running(state) and _port_open(state["kafka_port"])):
+    if not (_service_running(state, "kafka") and _port_open(state["kafka_port"])):
         start_kafka(base, state)
-    if spark_connect and not (_spark_connect_running(state) and _port_open(state["spark_connect_port"])):
+    if spark_connect and not (_service_running(state, "spark_connect") and _port_open(state["spark_connect_port"])):
         start_spark_connect(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
@@ -556,7 +548,7 @@ def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = No
     api-server reads the task logs from the shared AIRFLOW_HOME directly.
     """
     if "airflow_port" not in state:
-        state["airflow_port"] = AIRFLOW_PORT if not _port_open(AIRFLOW_PORT) else _free_port()
+        state["airflow_port"] = AIRFLOW_PORT if not _port_open(AIRFLOW_PORT) else free_port()
     _, jwt_secret = _airflow_secrets(base)
     env = {**os.environ, **environment(base), **(extra_env or {}), **_airflow_server_env(base, state, jwt_secret)}
     airflow = str(Path(sys.executable).parent / "airflow")
@@ -599,7 +591,7 @@ def stop_airflow(state: dict) -> set[int]:
             continue
         pid = state["airflow"][name]["pid"]  # started in a new session: it leads its process group
         _terminate_alone(pid, AIRFLOW_STOP_GRACE)
-        left |= _stop_processes({pid}, {pid}, [(signal.SIGTERM, KAFKA_STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
+        left |= stop_processes({pid}, {pid}, [(signal.SIGTERM, KAFKA_STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
     return left
 
 
@@ -618,11 +610,11 @@ def down(base: Path | None = None) -> None:
     """Stop every process `up` started and check they are gone; RuntimeError naming any survivor."""
     base = (base or home()).resolve()
     state = read_state(base)
-    left = {"Airflow": stop_airflow(state), "the Spark Connect server": _stop_service(state, "spark_connect", "Spark Connect"),
+    left = {"Airflow": stop_airflow(state), SPARK_CONNECT: _stop_service(state, "spark_connect", SPARK_CONNECT),
             "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    for service, key in (("the Kafka broker", "kafka"), ("the Spark Connect server", "spark_connect")):
+    for service, key in (("the Kafka broker", "kafka"), (SPARK_CONNECT, "spark_connect")):
         if not left[service]:
             for suffix in ("pid", "started"):
                 state.pop(f"{key}_{suffix}", None)
@@ -667,7 +659,7 @@ def describe(env: dict[str, str]) -> str:
         f"(the pipeline's role; administrator: postgres)",
         f"Airflow home    : {env['AIRFLOW_HOME']} (metadata DB: database {AIRFLOW_DATABASE})",
         *([f"Spark Connect   : sc://127.0.0.1:{state['spark_connect_port']} (connection spark_connect_default)"]
-          if _spark_connect_running(state) else []),
+          if _service_running(state, "spark_connect") else []),
         f"Environment     : source {home() / 'env.sh'}",
     ])
 
