@@ -37,17 +37,20 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import psycopg2
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
+from kafka_batch.errors import DataLossError
 from kafka_batch_dev import local_stack
 
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
 RECOVERY_BOUND_S = 300
+TASK_TRIES = 4  # spark.task.maxFailures of the task-retry scenario (the master `local[2,4]`)
 
 
 @dataclass
@@ -130,12 +133,14 @@ def produce(topic: str, partitions: int, count: int, rng: random.Random, open_tx
 
 # --- the independent checker -------------------------------------------------------------------------
 
-def committed_records(topic: str, positions: dict[tuple[str, int], int]) -> list[tuple[int, int, bytes]]:
-    """(partition, offset, value) of every committed record below the positions, read_committed."""
+def committed_records(topic: str, ends: dict[int, int]) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every committed record still in the topic below `ends`
+    (partition -> offset), read_committed from the log start."""
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": f"chaos-check-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "auto.offset.reset": "earliest",  # offset 0 may have been deleted
                          "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
-    wanted = {p: end for (t, p), end in positions.items() if t == topic and end > 0}
+    wanted = {p: end for p, end in ends.items() if end > 0}
     consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
     found, done = [], set()
     try:
@@ -155,16 +160,40 @@ def committed_records(topic: str, positions: dict[tuple[str, int], int]) -> list
     return found
 
 
-def check(pipeline: str, topic: str, tables: dict[str, str], previous: dict) -> list[str]:
+@dataclass
+class Memory:
+    """What the checker knows from before: the positions it last saw, and the committed records the
+    retention scenarios read just before deleting them (they still count if the pipeline read them first)."""
+
+    positions: dict = field(default_factory=dict)
+    records: dict = field(default_factory=dict)  # (partition, offset) -> value, read before a deletion
+    deleted_until: dict = field(default_factory=dict)  # partition -> the log start the suite set
+
+    def remember(self, topic: str, ends: dict[int, int]) -> None:
+        self.records.update({(p, o): v for p, o, v in committed_records(topic, ends)})
+
+
+def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory) -> list[str]:
     """Every invariant of the module docstring; returns the violations."""
     violations = []
     positions = {(t, p): o for t, p, o in sql(
         "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", pipeline)}
-    for key, before in previous.items():
+    for key, before in memory.positions.items():
         if positions.get(key, 0) < before:
             violations.append(f"position of {key} moved back from {before} to {positions.get(key)}")
+    # Records may be skipped as lost only where the suite deleted them (on_data_loss: skip).
+    lost = sql("SELECT partition, lost_from, lost_until FROM kafka_batch.data_loss WHERE pipeline = %s", pipeline)
+    for partition, lo, hi in lost:
+        if hi > memory.deleted_until.get(partition, 0):
+            violations.append(f"partition {partition}: {lo}..{hi} recorded as lost, but only offsets below"
+                              f" {memory.deleted_until.get(partition, 0)} were deleted")
     valid, invalid = {}, set()
-    for partition, offset, value in committed_records(topic, positions):
+    ends = {p: o for (t, p), o in positions.items() if t == topic}
+    records = {**memory.records, **{(p, o): v for p, o, v in committed_records(topic, ends)}}
+    for (partition, offset), value in sorted(records.items()):
+        if offset >= positions.get((topic, partition), 0) or any(
+                p == partition and lo <= offset < hi for p, lo, hi in lost):
+            continue
         try:
             record = json.loads(value)
             valid[(partition, offset)] = (record["id"], record["page"], int(record["amount"]))
@@ -202,7 +231,7 @@ def check(pipeline: str, topic: str, tables: dict[str, str], previous: dict) -> 
                 " AND state LIKE 'idle in transaction%%'", APP)[0][0]
     if stuck:
         violations.append(f"{stuck} session(s) left idle in transaction")
-    previous.update(positions)
+    memory.positions.update(positions)
     return violations
 
 
@@ -277,8 +306,76 @@ def terminate_sessions() -> int:
     return len(sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", APP))
 
 
+def python_workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The run's Python workers: the processes pyspark's daemon forks for tasks (not the daemon)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    workers = []
+    for child in family:
+        try:
+            if "pyspark.daemon" in " ".join(child.cmdline()) and "pyspark.daemon" in " ".join(child.parent().cmdline()):
+                workers.append(child)
+        except (psutil.NoSuchProcess, AttributeError):  # gone, or its parent is
+            continue
+    return workers
+
+
+def tasks_running(proc: subprocess.Popen, timeout: float = 120) -> list[psutil.Process]:
+    """Wait until the run's Spark tasks run (its Python workers exist); [] if the run ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        workers = python_workers(proc)
+        if workers:
+            return workers
+        time.sleep(0.02)
+    return []
+
+
+def kill_a_task(proc: subprocess.Popen, rng: random.Random) -> bool:
+    """SIGKILL one Python worker once the run has them: the task it runs fails and Spark retries it."""
+    while workers := tasks_running(proc):
+        time.sleep(rng.uniform(0, 0.5))
+        try:
+            rng.choice(workers).kill()
+            return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def lost_tasks(log_dir: Path) -> int:
+    """Task failures Spark reports in the run's log (each one retried, up to the master's limit)."""
+    return sum(log.read_text(errors="replace").count("Lost task") for log in log_dir.glob("*.log"))
+
+
+def delete_in_plan(pipeline: str, topic: str, run_id: str, rng: random.Random, memory: Memory) -> bool:
+    """Retention overtakes the batch's plan: delete a random prefix of one of its planned ranges,
+    after reading (independently) what is about to go."""
+    planned = sql("SELECT r.partition, r.from_offset, r.until_offset FROM kafka_batch.batch_ranges r"
+                  " JOIN kafka_batch.batches b ON b.id = r.batch_id WHERE b.pipeline = %s AND b.run_id = %s",
+                  pipeline, run_id)
+    if not planned:
+        return False
+    partition, lo, hi = rng.choice(planned)
+    cut = rng.randint(lo + 1, hi)
+    memory.remember(topic, {partition: cut})
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
+    for future in admin.delete_records([TopicPartition(topic, partition, cut)]).values():
+        future.result()
+    memory.deleted_until[partition] = max(cut, memory.deleted_until.get(partition, 0))
+    return True
+
+
+def set_data_loss_policy(path: Path, policy: str) -> None:
+    """What an operator does to accept a loss (`skip`) and to go back to refusing one (`fail`)."""
+    definition = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**definition, "on_data_loss": policy}, sort_keys=False))
+
+
 def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: random.Random,
-             tables: dict[str, str]) -> Counter:
+             tables: dict[str, str], memory: Memory, definition: Path) -> Counter:
     """Strike once; returns what landed, by phase."""
     landed: Counter = Counter()
     if name.startswith("kill-"):
@@ -346,6 +443,31 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
     elif name == "broker-restart":
         local_stack.restart("kafka")
         landed["between"] += 1
+    elif name == "task-retry":  # a Python worker dies mid-task; Spark retries the task (local[2,4])
+        log_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_logs_"))
+        retrying = {**env, "KAFKA_BATCH_LOG_DIR": str(log_dir), "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
+            {"conn_type": "spark", "host": f"local[2,{TASK_TRIES}]"})}
+        proc = start_run(pipeline, run_id, retrying)
+        if wait_for("reading", pipeline, run_id, proc) and kill_a_task(proc, rng):
+            proc.wait()
+            batch = batch_of(pipeline, run_id)
+            if lost_tasks(log_dir):  # landed in a task, and that attempt went on
+                landed["task" if batch and batch[1:] == ("committed", 1) else "task, batch retried"] += 1
+        proc.wait()
+        shutil.rmtree(log_dir, ignore_errors=True)
+    elif name.startswith("retention-"):  # on_data_loss is the suffix (the pipeline's setting)
+        phase = rng.choice(["planned", "reading"])  # after the plan, or while Spark's tasks read
+        proc = start_run(pipeline, run_id, env)
+        struck = wait_for("starting", pipeline, run_id, proc) and (phase == "planned" or bool(tasks_running(proc)))
+        if struck and delete_in_plan(pipeline, topic, run_id, rng, memory):
+            landed[phase] += 1
+        if proc.wait() == DataLossError.exit_code and name == "retention-fail":
+            # Refused, nothing changed; the operator accepts the loss for one run, then refuses again.
+            set_data_loss_policy(definition, "skip")
+            subprocess.run([str(Path(sys.executable).parent / "kafka-batch"), "run", "--pipeline", pipeline],
+                           env=env, capture_output=True)
+            set_data_loss_policy(definition, "fail")
+            landed["refused, then accepted"] += 1
     else:
         raise SystemExit(f"unknown scenario {name!r}")
     return landed
@@ -378,7 +500,8 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
 
 
 SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-after-commit", "zombie", "terminate-random",
-             "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart"]
+             "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart", "task-retry",
+             "retention-skip", "retention-fail"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             "name": pipeline, "topics": [topic], "schedule": None,
             "record": {"fields": {"id": "string", "page": "string", "amount": "long"}},
             "limits": {"max_invalid_ratio": 0.5},
+            **({"on_data_loss": name.removeprefix("retention-")} if name.startswith("retention-") else {}),
             "read": {"fence_check_seconds": 1, "stall_timeout_seconds": 60},
             "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
                                     "measures": {"n": "1", "amount": "amount"}},
@@ -423,19 +547,19 @@ def main(argv: list[str] | None = None) -> int:
         conn = psycopg2.connect(**pg_params())
         store.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
         conn.close()
-        previous: dict = {}
+        memory = Memory()
         try:
             for iteration in range(args.iterations):
                 late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0)
                 outcome.records += args.records
-                outcome.faults += scenario(name, pipeline, topic, f"it{iteration}", env, rng, tables)
+                outcome.faults += scenario(name, pipeline, topic, f"it{iteration}", env, rng, tables, memory, path)
                 if late is not None:
                     late.commit_transaction()
                 took = recover(pipeline, topic, env)
                 outcome.worst_recovery_s = max(outcome.worst_recovery_s, took)
                 if took == float("inf"):
                     outcome.violations.append(f"iteration {iteration}: lag not zero within {RECOVERY_BOUND_S}s")
-                outcome.violations += [f"iteration {iteration}: {v}" for v in check(pipeline, topic, tables, previous)]
+                outcome.violations += [f"iteration {iteration}: {v}" for v in check(pipeline, topic, tables, memory)]
                 outcome.iterations += 1
                 print(f"{name} iteration {iteration}: faults {dict(outcome.faults)}, "
                       f"violations {len(outcome.violations)}, recovery {took:.0f}s", flush=True)

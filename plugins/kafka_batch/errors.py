@@ -6,6 +6,8 @@ bad input and lost races never get better by retrying; a broker that did not ans
 
 from __future__ import annotations
 
+import re
+
 
 class KafkaBatchError(Exception):
     """A condition the project recognises; the message is one line an operator can act on."""
@@ -56,6 +58,21 @@ def from_exit_code(code: int, message: str) -> KafkaBatchError:
         if kind.exit_code == code:
             return kind(message)
     return KafkaBatchError(message)
+
+
+# How a Spark task's exception names one of ours: Spark wraps it in a Python-worker error whose text holds
+# the worker's traceback (and, under Spark Connect, a SQLSTATE suffix).
+_RAISED_IN_TASK = re.compile(r"^kafka_batch\.errors\.(\w+): (.+?)(?:\s*SQLSTATE: \w+)?$", re.MULTILINE)
+
+
+def raised_in_task(spark_error: BaseException) -> KafkaBatchError | None:
+    """The project's error a Spark task raised (e.g. a reader's DataLossError), so that it keeps its kind,
+    exit code and message when it reaches the driver; None for anything else."""
+    kinds = {kind.__name__: kind for kind in (*KINDS, FencedAttempt, KafkaBatchError)}
+    for name, message in reversed(_RAISED_IN_TASK.findall(str(spark_error))):
+        if name in kinds:
+            return kinds[name](message)
+    return None
 
 
 def one_line(exc: BaseException) -> str:

@@ -62,16 +62,27 @@ class KafkaOffsets:
     """What the planner asks Kafka: which partitions exist and which offsets are readable."""
 
     def __init__(self, config: dict[str, Any], timeout: float = 30.0):
-        self._admin = AdminClient({**_admin_config(config), "logger": LIBRDKAFKA_LOG})
+        self._admin = AdminClient({**_admin_config(config), "logger": LIBRDKAFKA_LOG, "error_cb": self._on_error})
         self._timeout = timeout
+        self._refused: str | None = None  # why the broker refused the connection's credentials
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._AUTHENTICATION:
+            self._refused = error.str()
+
+    def _unavailable(self, what: str, exc: KafkaException) -> Exception:
+        """Wrong credentials are the operator's to fix (never retried); anything else may pass."""
+        self._admin.poll(0)  # serves the error callbacks librdkafka queued meanwhile
+        if self._refused:
+            return InputError(f"Kafka refused the credentials of the connection: {self._refused}")
+        return ServiceError(f"{what}: {exc.args[0].str() if exc.args else exc}")
 
     def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
         """The partitions of the named topics, or of every topic whose whole name matches `pattern`."""
         try:
             metadata = self._admin.list_topics(timeout=self._timeout)
         except KafkaException as exc:
-            raise ServiceError(f"Kafka did not answer a metadata request within {self._timeout:.0f}s: "
-                              f"{exc.args[0].str() if exc.args else exc}") from None
+            raise self._unavailable(f"Kafka did not answer a metadata request within {self._timeout:.0f}s", exc) from None
         if pattern is not None:
             topics = tuple(sorted(t for t in metadata.topics if re.fullmatch(pattern, t) and not t.startswith("__")))
             if not topics:
@@ -116,7 +127,7 @@ class KafkaOffsets:
             try:
                 result[(tp.topic, tp.partition)] = future.result().offset
             except KafkaException as exc:
-                raise ServiceError(f"listing offsets of {tp.topic}[{tp.partition}] failed: {exc}") from exc
+                raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc) from None
         return result
 
 
