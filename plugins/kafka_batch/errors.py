@@ -62,7 +62,12 @@ def from_exit_code(code: int, message: str) -> KafkaBatchError:
 
 # How a Spark task's exception names one of ours: Spark wraps it in a Python-worker error whose text holds
 # the worker's traceback (and, under Spark Connect, a SQLSTATE suffix).
-_RAISED_IN_TASK = re.compile(r"^kafka_batch\.errors\.(\w+): (.+?)(?:\s*SQLSTATE: \w+)?$", re.MULTILINE)
+_RAISED_IN_TASK = re.compile(r"^kafka_batch\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+
+def without_sqlstate(message: str) -> str:
+    """A task's error text without the SQLSTATE suffix Spark Connect appends."""
+    return re.sub(r"\s*SQLSTATE: \w+$", "", message)
 
 
 def raised_in_task(spark_error: BaseException) -> KafkaBatchError | None:
@@ -71,7 +76,7 @@ def raised_in_task(spark_error: BaseException) -> KafkaBatchError | None:
     kinds = {kind.__name__: kind for kind in (*KINDS, FencedAttempt, KafkaBatchError)}
     for name, message in reversed(_RAISED_IN_TASK.findall(str(spark_error))):
         if name in kinds:
-            return kinds[name](message)
+            return kinds[name](without_sqlstate(message))
     return None
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import threading
 import time
@@ -21,7 +20,15 @@ from kafka_batch.config import Pipeline
 from kafka_batch.core import store
 from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
 from kafka_batch.core.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
-from kafka_batch.errors import INVALID_RECORD, FencedAttempt, InputError, KafkaBatchError, one_line, raised_in_task
+from kafka_batch.errors import (
+    INVALID_RECORD,
+    FencedAttempt,
+    InputError,
+    KafkaBatchError,
+    one_line,
+    raised_in_task,
+    without_sqlstate,
+)
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
@@ -263,7 +270,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
             invalid = [line for line in str(exc).splitlines() if INVALID_RECORD in line]
             if invalid:  # bad data: the same on every retry, so say which record and do not retry
                 message = invalid[0][invalid[0].index(INVALID_RECORD):]
-                raise InputError(re.sub(r"\s*SQLSTATE: \w+$", "", message)) from None  # Spark Connect adds it
+                raise InputError(without_sqlstate(message)) from None
             ours = raised_in_task(exc)
             if ours is not None:  # e.g. records deleted while a task read them: data loss, not a crash
                 raise ours from None
