@@ -94,6 +94,13 @@ def chaos_environment() -> dict[str, str]:
     return env
 
 
+def connect_environment(env: dict[str, str]) -> dict[str, str]:
+    """The same pipelines, run on the local Spark Connect server: their `spark_default` points at it."""
+    if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" not in env:
+        raise SystemExit("--recover-on spark-connect needs the Spark Connect server: kafka-batch local up --spark-connect")
+    return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]}
+
+
 # --- the verifying producer --------------------------------------------------------------------------
 
 def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool) -> Producer | None:
@@ -512,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    parser.add_argument("--recover-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
+                        help="how the fault-free runs after a strike reach Spark (spark-connect: the server of "
+                        "`kafka-batch local up --spark-connect`; strikes always go through spark-submit)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = chaos_environment()
@@ -524,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     # The suite's pipelines live in a directory of their own, never among the project's pipelines.
     pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
+    recovery_env = env if args.recover_on == "spark-submit" else connect_environment(env)
     results = {}
     for name in args.scenarios.split(","):
         outcome = results[name] = Outcome()
@@ -550,19 +561,25 @@ def main(argv: list[str] | None = None) -> int:
         memory = Memory()
         try:
             for iteration in range(args.iterations):
+                started = time.monotonic()
                 late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0)
+                produced = time.monotonic()
                 outcome.records += args.records
                 outcome.faults += scenario(name, pipeline, topic, f"it{iteration}", env, rng, tables, memory, path)
+                struck = time.monotonic()
                 if late is not None:
                     late.commit_transaction()
-                took = recover(pipeline, topic, env)
+                took = recover(pipeline, topic, recovery_env)
                 outcome.worst_recovery_s = max(outcome.worst_recovery_s, took)
                 if took == float("inf"):
                     outcome.violations.append(f"iteration {iteration}: lag not zero within {RECOVERY_BOUND_S}s")
+                checking = time.monotonic()
                 outcome.violations += [f"iteration {iteration}: {v}" for v in check(pipeline, topic, tables, memory)]
                 outcome.iterations += 1
                 print(f"{name} iteration {iteration}: faults {dict(outcome.faults)}, "
-                      f"violations {len(outcome.violations)}, recovery {took:.0f}s", flush=True)
+                      f"violations {len(outcome.violations)}, recovery {took:.0f}s (produce {produced - started:.0f}s,"
+                      f" strike {struck - produced:.0f}s, check {time.monotonic() - checking:.0f}s,"
+                      f" load {os.getloadavg()[0]:.1f})", flush=True)
         finally:
             path.unlink(missing_ok=True)
     shutil.rmtree(pipelines_dir, ignore_errors=True)
