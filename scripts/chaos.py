@@ -277,6 +277,39 @@ class CommitGate:
         self.conn.close()
 
 
+class StageGate:
+    """Holds a SHARE lock on the rows sink's staging table of the run's attempt as soon as it exists:
+    the executors' COPYs wait there, inside their tasks, so a worker can be killed while it stages
+    (its retry must replace, not add to, what the killed try wrote)."""
+
+    def __init__(self, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240):
+        self.conn, self.table = None, None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            batch = batch_of(pipeline, run_id)
+            if batch is not None and batch[2] >= 1:
+                table = f"kafka_batch_stage.b{batch[0]}_a{batch[2]}_rows"
+                if sql("SELECT to_regclass(%s)", table)[0][0] is not None:
+                    self.conn, self.table = psycopg2.connect(**pg_params()), table
+                    with self.conn.cursor() as cur:
+                        cur.execute(f"LOCK TABLE {table} IN SHARE MODE")
+                    return
+            time.sleep(0.01)
+
+    def waiting_copy_ports(self) -> set[int]:
+        """Client ports of the executors' sessions whose COPY waits at the gate."""
+        if self.table is None:
+            return set()
+        return {port for (port,) in sql(
+            "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
+            " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP)}
+
+    def open(self) -> None:
+        if self.conn is not None:
+            self.conn.rollback()
+            self.conn.close()
+
+
 def in_commit(pipeline: str) -> bool:
     """A session of the pipeline holds an open transaction that writes positions or outputs."""
     return bool(sql("SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND xact_start IS NOT NULL"
@@ -349,6 +382,22 @@ def kill_a_task(proc: subprocess.Popen, rng: random.Random) -> bool:
             return True
         except psutil.NoSuchProcess:
             continue
+    return False
+
+
+def kill_a_staging_task(proc: subprocess.Popen, gate: StageGate, timeout: float = 120) -> bool:
+    """SIGKILL the Python worker whose COPY waits at the gate (found by its session's client port)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        ports = gate.waiting_copy_ports()
+        for worker in python_workers(proc) if ports else []:
+            try:
+                if any(c.laddr and c.laddr.port in ports for c in worker.net_connections(kind="tcp")):
+                    worker.kill()
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.02)
     return False
 
 
@@ -451,16 +500,23 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         local_stack.restart("kafka")
         landed["between"] += 1
     elif name == "task-retry":  # a Python worker dies mid-task; Spark retries the task (local[2,4])
+        phase = rng.choice(["reading", "staging"])  # a read task, or a task COPYing the rows sink's stage
         log_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_logs_"))
         retrying = {**env, "KAFKA_BATCH_LOG_DIR": str(log_dir), "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
             {"conn_type": "spark", "host": f"local[2,{TASK_TRIES}]"})}
         proc = start_run(pipeline, run_id, retrying)
-        if wait_for("reading", pipeline, run_id, proc) and kill_a_task(proc, rng):
-            proc.wait()
-            batch = batch_of(pipeline, run_id)
-            if lost_tasks(log_dir):  # landed in a task, and that attempt went on
-                landed["task" if batch and batch[1:] == ("committed", 1) else "task, batch retried"] += 1
+        if phase == "reading":
+            killed = wait_for("reading", pipeline, run_id, proc) and kill_a_task(proc, rng)
+        else:
+            gate = StageGate(pipeline, run_id, proc)
+            try:
+                killed = kill_a_staging_task(proc, gate)
+            finally:
+                gate.open()
         proc.wait()
+        batch = batch_of(pipeline, run_id)
+        if killed and lost_tasks(log_dir):  # landed in a task, and that attempt went on
+            landed[phase if batch and batch[1:] == ("committed", 1) else f"{phase}, batch retried"] += 1
         shutil.rmtree(log_dir, ignore_errors=True)
     elif name.startswith("retention-"):  # on_data_loss is the suffix (the pipeline's setting)
         phase = rng.choice(["planned", "reading"])  # after the plan, or while Spark's tasks read

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -24,8 +25,10 @@ def _chaos():
 
 def test_kills_in_commit_and_zombies_leave_no_violation(services, tmp_path):
     report = tmp_path / "chaos.json"
+    # The strikes go through spark-submit; the recovery after them on the tests' Spark Connect server.
+    recover_on = "spark-connect" if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" in os.environ else "spark-submit"
     code = _chaos().main(["--iterations", "1", "--records", "3000", "--scenarios", "kill-commit,zombie",
-                          "--json", str(report)])
+                          "--recover-on", recover_on, "--json", str(report)])
     results = json.loads(report.read_text())
     assert {name: r["violations"] for name, r in results.items()} == {"kill-commit": [], "zombie": []}
     assert results["kill-commit"]["faults"] == {"commit": 1}  # the kill landed inside the commit transaction

@@ -164,6 +164,24 @@ def test_commit_moves_positions_and_every_sink_once(services):
     conn.close()
 
 
+def test_staged_rows_that_are_not_the_counted_records_are_refused(services):
+    pipeline = new_pipeline("lostrows", partitions=0, rows=True)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
+    attempt = store.claim_attempt(conn, batch.id)
+    outputs = _outputs(pipeline, batch, attempt, 7)
+    stage = outputs["rows"].result.stage
+    lost = pg_connect()
+    lost.cursor().execute(f"DELETE FROM kafka_batch_stage.{stage} WHERE kafka_offset = 3")  # a task's lost write
+    lost.close()
+    before = _state(pipeline)
+    with pytest.raises(StateError, match=f"the rows sink staged 6 rows for 7 counted records in {stage}"):
+        commit_batch(conn, pipeline, batch.id, attempt, outputs)
+    assert _state(pipeline) == before
+    conn.close()
+
+
 def test_a_stale_attempt_cannot_commit_and_its_staged_rows_are_never_moved(services):
     pipeline = new_pipeline("fence", partitions=0, rows=True)
     topic = pipeline.topics[0]

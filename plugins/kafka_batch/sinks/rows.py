@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from psycopg2 import sql
 
 from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.errors import StateError
 from kafka_batch.sinks import base
 from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext
 
@@ -111,12 +112,16 @@ class RowsSink(Sink):
         return SinkOutput(counts, StagedRows(name, sum(c.records for c in counts.values())))
 
     def apply(self, cur, result: StagedRows) -> int:
-        """Move the attempt's staged rows into place (the key refuses a record written twice)."""
+        """Move the attempt's staged rows into place: the key refuses a record written twice, the count
+        a record whose write was lost (a task retry must replace what its killed try wrote, not drop it)."""
         staged = sql.Identifier(STAGE_SCHEMA, result.stage)
         cur.execute(sql.SQL("INSERT INTO {} ({cols}) SELECT {cols} FROM {}").format(
             self._target, staged, cols=base.names(self.column_names)
         ))
         moved = cur.rowcount
+        if moved != result.rows:
+            raise StateError(f"the rows sink staged {moved} rows for {result.rows} counted records in {result.stage};"
+                             " nothing was committed")
         cur.execute(sql.SQL("DROP TABLE {}").format(staged))
         return moved
 
