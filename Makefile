@@ -59,9 +59,11 @@ bench: install
 	$(BIN)/kafka-batch local up --spark-connect
 	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
-# Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 100000" for a full run.
-chaos: up
-	$(WITH_ENV) $(BIN)/python scripts/chaos.py $(CHAOS_ARGS)
+# Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 10000" for a full run.
+# Strikes go through spark-submit; the fault-free recovery after each runs on the Spark Connect server.
+chaos: install
+	$(BIN)/kafka-batch local up --spark-connect
+	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect $(CHAOS_ARGS)
 
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt

@@ -36,6 +36,7 @@ import psutil
 import pyarrow as pa
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
 from kafka_batch import connections, timings
@@ -57,6 +58,25 @@ MODE = {SUBMIT: "spark-submit", CONNECT: "Spark Connect"}
 
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def settle(idle_pct: float = 15.0, longest_s: float = 180.0) -> None:
+    """Wait until the machine is nearly idle before a measure: after a large produce the local broker
+    keeps persisting its data for a while, and no measure may pay for another one's leftovers."""
+    started = time.monotonic()
+    while (busy := psutil.cpu_percent(interval=2)) > idle_pct:
+        if time.monotonic() - started > longest_s:
+            print(f"  (the machine is still {busy:.0f}% busy after {longest_s:.0f}s; measuring anyway)", flush=True)
+            return
+
+
+def delete_topics(kafka: dict, prefix: str) -> None:
+    """The bench's topics go when it ends: the local broker rewrites all it holds as it persists, so
+    millions of records left behind would slow every later run on it."""
+    admin = AdminClient(kafka)
+    mine = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
+    for future in admin.delete_topics(mine, operation_timeout=60).values() if mine else []:
+        future.result()
 
 
 def row(name: str, value: float, unit: str, detail: str = "", **extra) -> dict:
@@ -375,6 +395,13 @@ def main() -> int:
     os.environ["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
     env = Env(prefix, pipelines)
     print(f"kafka-batch bench {prefix}: {os.cpu_count()} cores, load {load()}", flush=True)
+    try:
+        return measure(args, env, prefix)
+    finally:
+        delete_topics(env.kafka, prefix)
+
+
+def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     if args.only:
         parts = set(args.only.split(","))
         if "fixed" in parts:
@@ -408,22 +435,33 @@ def main() -> int:
 
     print("measuring:", flush=True)
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
+    settle()
     raw_n, raw_s = raw_read(env, big_batch.ranges)
     raw = row("raw read", raw_n / raw_s, "records/s", f"{raw_n:,} records in {raw_s:.1f}s (plain consumer loop)")
+    settle()
     n, s = project_read(env, big, big_batch.ranges)
     row("project reader", n / s, "records/s", f"{n:,} records in {s:.1f}s (read_partitions + Arrow, one process)")
+    settle()
     n, s = baseline(env, big_batch.ranges)
     base = row("plain consumer", n / s, "records/s", f"{n:,} records in {s:.1f}s (consume + json + dict + CAS commit)")
+    settle()
     small_run = spark_run(env, small, small_batch, "small")
+    settle()
     big_run = spark_run(env, big, big_batch, "big")
+    settle()
     big_connect_run = spark_run(env, big_connect, big_connect_batch, "big, Spark Connect")
     contributions_size(env, big, big_run["records"])
     marginal = (big_run["records"] - small_run["records"]) / max(big_run["seconds"] - small_run["seconds"], 1e-9)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
+    settle()
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
+    settle()
     few_run = spark_run(env, few, few_batch, "4 partitions")
+    settle()
     fixed = fixed_cost(env, args.fixed_records, SUBMIT)
+    settle()
     fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
+    settle()
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
 

@@ -188,7 +188,7 @@ def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     airflow = str(Path(sys.executable).parent / "airflow")
     result = subprocess.run([airflow, *args], capture_output=True, text=True, env=os.environ.copy())
     if check and result.returncode != 0:
-        raise AssertionError(f"airflow {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(f"airflow {' '.join(args)} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
 
 
@@ -201,7 +201,7 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -
     with open(outputs / "cli-output.log", "a") as log:  # searched for the planted secret at the end (conftest)
         log.write(f"$ kafka-batch {' '.join(args)}\n{result.stdout}{result.stderr}")
     if check and result.returncode != 0:
-        raise AssertionError(f"kafka-batch {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+        raise AssertionError(f"kafka-batch {' '.join(args)} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result
 
 
