@@ -169,6 +169,7 @@ def consume_ranges(consumer: Consumer, ranges):
 
 
 def raw_read(env: Env, ranges) -> tuple[int, float]:
+    settle()  # timed from a nearly idle machine
     started = time.monotonic()
     consumer = plain_consumer(env.kafka, ranges, tuned=True)
     count = sum(1 for _ in consume_ranges(consumer, ranges))
@@ -181,6 +182,7 @@ def project_read(env: Env, pipeline, ranges) -> tuple[int, float]:
 
     from kafka_batch.spark.job import _columns
 
+    settle()  # timed from a nearly idle machine
     started = time.monotonic()
     count = sum(b.num_rows for b in read_task(env.kafka, list(ranges), asdict(pipeline.read), _columns(pipeline)))
     return count, time.monotonic() - started
@@ -191,6 +193,7 @@ def baseline(env: Env, ranges) -> tuple[int, float]:
     import psycopg2
     from psycopg2.extras import execute_values
 
+    settle()  # timed from a nearly idle machine
     started = time.monotonic()
     consumer = plain_consumer(env.kafka, ranges, tuned=True)
     totals: dict = defaultdict(lambda: [0, 0])
@@ -290,6 +293,7 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     os.environ[timings.ENV] = str(marks)
     try:
+        settle()  # timed from a nearly idle machine
         with RssSampler() as rss:
             started = time.monotonic()
             submit_batch(pipeline, batch.id)
@@ -321,6 +325,7 @@ def fixed_cost(env: Env, records: int, spark: str) -> dict:
     pipeline = env.pipeline(name, topic, spark)
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     cli = str(Path(sys.executable).parent / "kafka-batch")
+    settle()  # timed from a nearly idle machine
     started_wall = time.time()
     started = time.monotonic()
     result = subprocess.run([cli, "run", "--pipeline", pipeline.name], capture_output=True, text=True,
@@ -368,6 +373,7 @@ def commit_rows(env: Env, rows: int) -> float:
     conn = store.connect(env.postgres)
     try:
         attempt = store.claim_attempt(conn, batch.id)
+        settle()  # timed from a nearly idle machine
         started = time.monotonic()
         commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": SinkOutput(counts, result)}, 1)
         seconds = time.monotonic() - started
@@ -435,33 +441,22 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
 
     print("measuring:", flush=True)
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
-    settle()
     raw_n, raw_s = raw_read(env, big_batch.ranges)
     raw = row("raw read", raw_n / raw_s, "records/s", f"{raw_n:,} records in {raw_s:.1f}s (plain consumer loop)")
-    settle()
     n, s = project_read(env, big, big_batch.ranges)
     row("project reader", n / s, "records/s", f"{n:,} records in {s:.1f}s (read_partitions + Arrow, one process)")
-    settle()
     n, s = baseline(env, big_batch.ranges)
     base = row("plain consumer", n / s, "records/s", f"{n:,} records in {s:.1f}s (consume + json + dict + CAS commit)")
-    settle()
     small_run = spark_run(env, small, small_batch, "small")
-    settle()
     big_run = spark_run(env, big, big_batch, "big")
-    settle()
     big_connect_run = spark_run(env, big_connect, big_connect_batch, "big, Spark Connect")
     contributions_size(env, big, big_run["records"])
     marginal = (big_run["records"] - small_run["records"]) / max(big_run["seconds"] - small_run["seconds"], 1e-9)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
-    settle()
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
-    settle()
     few_run = spark_run(env, few, few_batch, "4 partitions")
-    settle()
     fixed = fixed_cost(env, args.fixed_records, SUBMIT)
-    settle()
     fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
-    settle()
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
 
