@@ -50,6 +50,7 @@ from kafka_batch_dev import local_stack
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
 RECOVERY_BOUND_S = 300
+CLI = str(Path(sys.executable).parent / "kafka-batch")  # the pipeline's CLI, from this venv
 TASK_TRIES = 4  # spark.task.maxFailures of the task-retry scenario (the master `local[2,4]`)
 
 
@@ -245,8 +246,7 @@ def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory) -> 
 # --- running and striking -----------------------------------------------------------------------------
 
 def start_run(pipeline: str, run_id: str, env: dict) -> subprocess.Popen:
-    cli = str(Path(sys.executable).parent / "kafka-batch")
-    return subprocess.Popen([cli, "run", "--pipeline", pipeline, "--run-id", run_id], env=env,
+    return subprocess.Popen([CLI, "run", "--pipeline", pipeline, "--run-id", run_id], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -256,11 +256,11 @@ def batch_of(pipeline: str, run_id: str) -> tuple | None:
     return rows[0] if rows else None
 
 
-class CommitGate:
-    """Holds a SHARE lock on the aggregate table: a commit that reaches it waits there, inside its
-    transaction, with the positions already moved and the pipeline locked: a fault then lands in the
-    commit for sure (a fast commit is otherwise hard to hit). Reading, planning and staging are not held up.
-    """
+class LockGate:
+    """Holds a SHARE lock on one of the pipeline's tables: a session of the pipeline that writes it waits
+    there, inside its transaction, so a fault lands in that moment for sure. On the aggregate table the
+    commit waits with the positions already moved and the pipeline locked (a fast commit is otherwise
+    hard to hit); on a staging table the executors' COPYs wait inside their tasks."""
 
     def __init__(self, table: str):
         self.table = table
@@ -268,46 +268,29 @@ class CommitGate:
         with self.conn.cursor() as cur:
             cur.execute(f"LOCK TABLE {table} IN SHARE MODE")
 
-    def commit_waiting(self) -> bool:
-        return bool(sql("SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
-                        " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP))
+    def waiting(self) -> set[int]:
+        """Client ports of the pipeline's sessions waiting at the gate."""
+        return {port for (port,) in sql(
+            "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
+            " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP)}
 
     def open(self) -> None:
         self.conn.rollback()
         self.conn.close()
 
 
-class StageGate:
-    """Holds a SHARE lock on the rows sink's staging table of the run's attempt as soon as it exists:
-    the executors' COPYs wait there, inside their tasks, so a worker can be killed while it stages
-    (its retry must replace, not add to, what the killed try wrote)."""
-
-    def __init__(self, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240):
-        self.conn, self.table = None, None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            batch = batch_of(pipeline, run_id)
-            if batch is not None and batch[2] >= 1:
-                table = f"kafka_batch_stage.b{batch[0]}_a{batch[2]}_rows"
-                if sql("SELECT to_regclass(%s)", table)[0][0] is not None:
-                    self.conn, self.table = psycopg2.connect(**pg_params()), table
-                    with self.conn.cursor() as cur:
-                        cur.execute(f"LOCK TABLE {table} IN SHARE MODE")
-                    return
-            time.sleep(0.01)
-
-    def waiting_copy_ports(self) -> set[int]:
-        """Client ports of the executors' sessions whose COPY waits at the gate."""
-        if self.table is None:
-            return set()
-        return {port for (port,) in sql(
-            "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
-            " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP)}
-
-    def open(self) -> None:
-        if self.conn is not None:
-            self.conn.rollback()
-            self.conn.close()
+def stage_gate(pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240) -> LockGate | None:
+    """A gate on the rows sink's staging table of the run's attempt, as soon as the table exists (its
+    retried task must replace, not add to, what a killed try wrote); None if the run ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        batch = batch_of(pipeline, run_id)
+        if batch is not None and batch[2] >= 1:
+            table = f"kafka_batch_stage.b{batch[0]}_a{batch[2]}_rows"
+            if sql("SELECT to_regclass(%s)", table)[0][0] is not None:
+                return LockGate(table)
+        time.sleep(0.01)
+    return None
 
 
 def in_commit(pipeline: str) -> bool:
@@ -317,7 +300,7 @@ def in_commit(pipeline: str) -> bool:
 
 
 def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240,
-             gate: CommitGate | None = None) -> bool:
+             gate: LockGate | None = None) -> bool:
     """Block until the run reaches `phase` (or ends); True if the fault can land in that phase."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -326,7 +309,7 @@ def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, tim
             return True
         if phase == "reading" and batch is not None and batch[2] >= 1 and batch[1] in ("planned", "failed"):
             return True
-        if phase == "commit" and (gate.commit_waiting() if gate is not None else in_commit(pipeline)):
+        if phase == "commit" and (bool(gate.waiting()) if gate is not None else in_commit(pipeline)):
             return True
         if phase == "after-commit" and batch is not None and batch[1] == "committed":
             return True
@@ -385,11 +368,11 @@ def kill_a_task(proc: subprocess.Popen, rng: random.Random) -> bool:
     return False
 
 
-def kill_a_staging_task(proc: subprocess.Popen, gate: StageGate, timeout: float = 120) -> bool:
+def kill_a_staging_task(proc: subprocess.Popen, gate: LockGate, timeout: float = 120) -> bool:
     """SIGKILL the Python worker whose COPY waits at the gate (found by its session's client port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        ports = gate.waiting_copy_ports()
+        ports = gate.waiting()
         for worker in python_workers(proc) if ports else []:
             try:
                 if any(c.laddr and c.laddr.port in ports for c in worker.net_connections(kind="tcp")):
@@ -436,7 +419,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
     landed: Counter = Counter()
     if name.startswith("kill-"):
         phase = name.removeprefix("kill-")
-        gate = CommitGate(tables["aggregate"]) if phase == "commit" else None
+        gate = LockGate(tables["aggregate"]) if phase == "commit" else None
         try:
             proc = start_run(pipeline, run_id, env)
             if wait_for(phase, pipeline, run_id, proc, gate=gate):
@@ -469,7 +452,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
                     break
                 time.sleep(0.05)
         else:
-            gate = CommitGate(tables["aggregate"])
+            gate = LockGate(tables["aggregate"])
             try:
                 if wait_for("commit", pipeline, run_id, proc, gate=gate) and terminate_sessions():
                     landed["commit"] += 1
@@ -482,8 +465,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
             proc.wait()
         landed["race"] += 1
     elif name == "replay-race":
-        cli = str(Path(sys.executable).parent / "kafka-batch")
-        replay = subprocess.Popen([cli, "replay", "--pipeline", pipeline, "--topic", topic, "--from", "0",
+        replay = subprocess.Popen([CLI, "replay", "--pipeline", pipeline, "--topic", topic, "--from", "0",
                                    "--until", "1000000000", "--run-id", f"{run_id}-replay"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         proc = start_run(pipeline, run_id, env)
@@ -508,11 +490,12 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         if phase == "reading":
             killed = wait_for("reading", pipeline, run_id, proc) and kill_a_task(proc, rng)
         else:
-            gate = StageGate(pipeline, run_id, proc)
+            gate = stage_gate(pipeline, run_id, proc)
             try:
-                killed = kill_a_staging_task(proc, gate)
+                killed = gate is not None and kill_a_staging_task(proc, gate)
             finally:
-                gate.open()
+                if gate is not None:
+                    gate.open()
         proc.wait()
         batch = batch_of(pipeline, run_id)
         if killed and lost_tasks(log_dir):  # landed in a task, and that attempt went on
@@ -527,7 +510,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         if proc.wait() == DataLossError.exit_code and name == "retention-fail":
             # Refused, nothing changed; the operator accepts the loss for one run, then refuses again.
             set_data_loss_policy(definition, "skip")
-            subprocess.run([str(Path(sys.executable).parent / "kafka-batch"), "run", "--pipeline", pipeline],
+            subprocess.run([CLI, "run", "--pipeline", pipeline],
                            env=env, capture_output=True)
             set_data_loss_policy(definition, "fail")
             landed["refused, then accepted"] += 1
@@ -553,12 +536,11 @@ def lag(pipeline: str, topic: str) -> int:
 
 def recover(pipeline: str, topic: str, env: dict) -> float:
     """Runs without faults until the lag is zero; returns how long it took."""
-    cli = str(Path(sys.executable).parent / "kafka-batch")
     started = time.monotonic()
     while time.monotonic() - started < RECOVERY_BOUND_S:
         if lag(pipeline, topic) == 0:
             return time.monotonic() - started
-        subprocess.run([cli, "run", "--pipeline", pipeline], env=env, capture_output=True)
+        subprocess.run([CLI, "run", "--pipeline", pipeline], env=env, capture_output=True)
     return float("inf")
 
 
