@@ -44,7 +44,7 @@ chromium:
 
 test: install chromium
 	$(BIN)/ruff check .
-	$(BIN)/pytest tests
+	$(BIN)/pytest --durations=15 tests  # ends with the 15 slowest tests
 
 test-browser: install chromium
 	$(BIN)/pytest -m browser tests

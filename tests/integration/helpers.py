@@ -184,6 +184,18 @@ def batches_of(pipeline_name: str) -> list[tuple]:
     )
 
 
+def run_dag(dag_id: str, logical_date: str, run_after: str | None = None, check: bool = True,
+            **conf) -> subprocess.CompletedProcess:
+    """One DAG run through Airflow (`dag.test()`, tests/integration/run_dag.py) in a subprocess."""
+    args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
+    args += [run_after] if run_after else []
+    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
+    if check and result.returncode != 0:
+        raise AssertionError(f"{dag_id} {logical_date} {conf} failed (exit {result.returncode}):\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
 def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     airflow = str(Path(sys.executable).parent / "airflow")
     result = subprocess.run([airflow, *args], capture_output=True, text=True, env=os.environ.copy())

@@ -6,10 +6,6 @@ Clearing is modelled by running the same run id again (tests/integration/run_dag
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -17,7 +13,6 @@ import pytest
 
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
-    ROOT,
     aggregate_table,
     batches_of,
     below,
@@ -28,6 +23,7 @@ from tests.integration.helpers import (
     new_pipeline,
     positions,
     records_by_partition,
+    run_dag,
     table_contents,
     update_pipeline,
 )
@@ -36,37 +32,30 @@ from tests.integration.test_operations import DOUBLED
 pytestmark = pytest.mark.integration
 
 
-def _run(dag_id: str, logical_date: str, run_after: str | None = None, **conf) -> None:
-    args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
-    args += [run_after] if run_after else []
-    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
-    assert result.returncode == 0, f"{dag_id} {logical_date} {conf}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
-
 def test_params_dry_run_limits_clear_and_recompute(services):
     pipeline = new_pipeline("ui")
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 500, seed=51)
 
-    _run(pipeline.dag_id, "2026-01-01T00:00:00+00:00", dry_run=True)
+    run_dag(pipeline.dag_id, "2026-01-01T00:00:00+00:00", dry_run=True)
     assert positions(pipeline.name) == {} and batches_of(pipeline.name) == []  # a dry run changes nothing
 
-    _run(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)
+    run_dag(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)
     first = positions(pipeline.name)
     assert sum(first.values()) == 90  # the limit of this run only
-    _run(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
+    run_dag(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
     assert table_contents(pipeline) == ground_truth(topic)
     committed = positions(pipeline.name)
 
     # Clearing a committed run: same batch, nothing happens, Spark is not started.
     sample_data.produce_page_views(kafka_config(), topic, 100, seed=52)
-    _run(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
+    run_dag(pipeline.dag_id, "2026-01-03T00:00:00+00:00")
     assert positions(pipeline.name) == committed and table_contents(pipeline) != ground_truth(topic)
     assert len(batches_of(pipeline.name)) == 2
 
     # Clearing the run that asked for `recompute`, after the aggregation changed: its ranges are replayed.
     update_pipeline(pipeline.name, sinks={"aggregate": {**DOUBLED, "table": aggregate_table(pipeline)}})
-    _run(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)  # its conf again
+    run_dag(pipeline.dag_id, "2026-01-02T00:00:00+00:00", max_records_per_batch=90, recompute=True)  # its conf again
     assert positions(pipeline.name) == committed
     first_batch_records = count_rows(
         "SELECT records_read FROM kafka_batch.batches WHERE pipeline = %s AND run_id LIKE %s",
@@ -85,18 +74,18 @@ def test_replay_dag_reports_first_then_swaps(services):
     pipeline = new_pipeline("uireplay", partitions=2)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=61)
-    _run(pipeline.dag_id, "2026-01-01T00:00:00+00:00")
+    run_dag(pipeline.dag_id, "2026-01-01T00:00:00+00:00")
     update_pipeline(pipeline.name, sinks={"aggregate": {**DOUBLED, "table": aggregate_table(pipeline)}})
     before = table_contents(pipeline)
 
     replay = f"{pipeline.dag_id}__replay"
-    _run(replay, "2026-01-01T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1, reason="check")
+    run_dag(replay, "2026-01-01T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1, reason="check")
     assert table_contents(pipeline) == before  # a dry run by default: recomputed and previewed only
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "previewed")
     assert count_rows("SELECT count(*) FROM kafka_batch.replay_previews WHERE batch_id = %s",
                       batches_of(pipeline.name)[-1][0]) > 0
 
-    _run(replay, "2026-01-02T00:00:00+00:00", topic=topic, from_time="2020-01-01T00:00:00Z",
+    run_dag(replay, "2026-01-02T00:00:00+00:00", topic=topic, from_time="2020-01-01T00:00:00Z",
          until_time="2100-01-01T00:00:00Z", reason="doubled durations", dry_run=False)
     assert table_contents(pipeline) == ground_truth(topic, duration_factor=2)
     assert [b[1:3] for b in batches_of(pipeline.name)] == [
@@ -120,21 +109,21 @@ def test_runs_planned_by_time_and_backfills_of_committed_intervals(services):
     def at(moment_ms: int) -> str:
         return datetime.fromtimestamp(moment_ms / 1000, UTC).isoformat()
 
-    _run(pipeline.dag_id, at(h0 + hour))  # interval [h0, h0+1h)
+    run_dag(pipeline.dag_id, at(h0 + hour))  # interval [h0, h0+1h)
     assert positions(pipeline.name) == first_at(h0 + hour)
     assert table_contents(pipeline) == ground_truth(topic, select=below(first_at(h0 + hour)))
-    _run(pipeline.dag_id, at(h0 + 2 * hour))
+    run_dag(pipeline.dag_id, at(h0 + 2 * hour))
     assert positions(pipeline.name) == first_at(h0 + 2 * hour)
     done = table_contents(pipeline)
     assert done == ground_truth(topic, select=below(first_at(h0 + 2 * hour)))
 
     # A backfill run over the first interval, already committed: recomputed and swapped, totals unchanged.
-    _run(pipeline.dag_id, at(h0 + hour), run_after=at(h0 + 5 * hour))
+    run_dag(pipeline.dag_id, at(h0 + hour), run_after=at(h0 + 5 * hour))
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "committed")
     assert table_contents(pipeline) == done and positions(pipeline.name) == first_at(h0 + 2 * hour)
 
     # A late record (its timestamp in the first hour, its offset after everything) joins the run whose
     # offsets hold it, and counts in its own minute.
     sample_data.produce_page_views(kafka_config(), topic, 1, seed=79, start_ms=h0 + 60_000)
-    _run(pipeline.dag_id, at(h0 + 3 * hour))
+    run_dag(pipeline.dag_id, at(h0 + 3 * hour))
     assert table_contents(pipeline) == ground_truth(topic)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import sqlalchemy
 
 from kafka_batch_dev import sample_data
-from tests.integration.helpers import ROOT, batches_of, kafka_config, new_pipeline, run_airflow
+from tests.integration.helpers import ROOT, batches_of, kafka_config, new_pipeline, run_airflow, run_dag
 
 pytestmark = pytest.mark.integration
 
@@ -64,16 +62,11 @@ def test_only_a_commit_emits_an_event_per_sink_table_and_queues_the_downstream_d
     run_airflow("dags", "reserialize")
     run_airflow("dags", "unpause", downstream)
 
-    def run(dag_id: str, logical_date: str, **conf) -> None:
-        args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
-        result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
-        assert result.returncode == 0, f"{dag_id} {conf}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-
     sample_data.produce_page_views(kafka_config(), topic, 200, seed=81)
-    run(pipeline.dag_id, "2026-02-01T00:00:00+00:00", dry_run=True)
+    run_dag(pipeline.dag_id, "2026-02-01T00:00:00+00:00", dry_run=True)
     assert _events(aggregate) == [] and _queued(downstream) == 0  # a dry run announces nothing
 
-    run(pipeline.dag_id, "2026-02-02T00:00:00+00:00")
+    run_dag(pipeline.dag_id, "2026-02-02T00:00:00+00:00")
     [(batch_id, _, status, _, records, _)] = batches_of(pipeline.name)
     assert status == "committed" and records == 200
     expected = {"pipeline": pipeline.name, "batch_id": batch_id, "kind": "batch", "records_read": 200,
@@ -81,14 +74,14 @@ def test_only_a_commit_emits_an_event_per_sink_table_and_queues_the_downstream_d
     assert _events(aggregate) == [expected] and _events(rows) == [expected]  # one event per sink table
     assert _queued(downstream) == 1  # the downstream DAG is due
 
-    run(pipeline.dag_id, "2026-02-03T00:00:00+00:00")  # nothing new: an empty plan
+    run_dag(pipeline.dag_id, "2026-02-03T00:00:00+00:00")  # nothing new: an empty plan
     assert batches_of(pipeline.name)[-1][2] == "empty"
-    run(pipeline.dag_id, "2026-02-02T00:00:00+00:00")  # the committed run again (a clear): a no-op
-    run(f"{pipeline.dag_id}__replay", "2026-02-04T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1)
+    run_dag(pipeline.dag_id, "2026-02-02T00:00:00+00:00")  # the committed run again (a clear): a no-op
+    run_dag(f"{pipeline.dag_id}__replay", "2026-02-04T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1)
     assert batches_of(pipeline.name)[-1][1:3] == ("replay", "previewed")
     assert len(_events(aggregate)) == 1 and len(_events(rows)) == 1  # none of them announced anything
 
-    run(f"{pipeline.dag_id}__replay", "2026-02-05T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1,
+    run_dag(f"{pipeline.dag_id}__replay", "2026-02-05T00:00:00+00:00", topic=topic, from_offset=0, until_offset=1,
         dry_run=False)
     replay_id = batches_of(pipeline.name)[-1][0]
     assert [e["batch_id"] for e in _events(aggregate)] == [batch_id, replay_id]

@@ -3,15 +3,18 @@ pipeline never read, fails its run at once (AirflowFailException: no retry) and 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from kafka_batch_dev import sample_data
-from tests.integration.helpers import ROOT, batches_of, kafka_config, new_pipeline, positions, run_cli, table_contents
+from tests.integration.helpers import (
+    batches_of,
+    kafka_config,
+    new_pipeline,
+    positions,
+    run_cli,
+    run_dag,
+    table_contents,
+)
 from tests.integration.test_assets import _metadata
 
 pytestmark = pytest.mark.integration
@@ -25,9 +28,8 @@ def test_invalid_replay_params_fail_without_retries_and_change_nothing(services)
     replay = f"{pipeline.dag_id}__replay"
     for day, conf in ((1, {"from_offset": 5, "until_offset": 2}), (2, {"partitions": [7], "from_offset": 0,
                                                                          "until_offset": 10})):
-        args = [sys.executable, "-m", "tests.integration.run_dag", replay, f"2026-03-0{day}T00:00:00+00:00",
-                json.dumps({"topic": pipeline.topics[0], "dry_run": False, **conf})]
-        result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
+        result = run_dag(replay, f"2026-03-0{day}T00:00:00+00:00", check=False, topic=pipeline.topics[0],
+                         dry_run=False, **conf)
         assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     attempts = _metadata("SELECT state, try_number FROM task_instance WHERE dag_id = :d AND task_id = 'plan'", d=replay)
     assert attempts == [("failed", 1), ("failed", 1)]  # retries=2, yet no second try
