@@ -184,24 +184,26 @@ def batches_of(pipeline_name: str) -> list[tuple]:
     )
 
 
+def _checked(result: subprocess.CompletedProcess, what: str, check: bool) -> subprocess.CompletedProcess:
+    """The result, or with `check` an AssertionError showing the command's exit code and output tails."""
+    if check and result.returncode != 0:
+        raise AssertionError(f"{what} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
 def run_dag(dag_id: str, logical_date: str, run_after: str | None = None, check: bool = True,
             **conf) -> subprocess.CompletedProcess:
     """One DAG run through Airflow (`dag.test()`, tests/integration/run_dag.py) in a subprocess."""
     args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
     args += [run_after] if run_after else []
     result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
-    if check and result.returncode != 0:
-        raise AssertionError(f"{dag_id} {logical_date} {conf} failed (exit {result.returncode}):\n"
-                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
+    return _checked(result, f"run_dag {dag_id} {logical_date} {conf}", check)
 
 
 def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     airflow = str(Path(sys.executable).parent / "airflow")
     result = subprocess.run([airflow, *args], capture_output=True, text=True, env=os.environ.copy())
-    if check and result.returncode != 0:
-        raise AssertionError(f"airflow {' '.join(args)} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return result
+    return _checked(result, f"airflow {' '.join(args)}", check)
 
 
 def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -212,9 +214,7 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -
     outputs.mkdir(parents=True, exist_ok=True)
     with open(outputs / "cli-output.log", "a") as log:  # searched for the planted secret at the end (conftest)
         log.write(f"$ kafka-batch {' '.join(args)}\n{result.stdout}{result.stderr}")
-    if check and result.returncode != 0:
-        raise AssertionError(f"kafka-batch {' '.join(args)} failed (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return result
+    return _checked(result, f"kafka-batch {' '.join(args)}", check)
 
 
 def store_connection():
