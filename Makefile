@@ -42,9 +42,13 @@ chromium:
 		else echo "Chromium missing at $(CHROMIUM): sudo apt-get install -y chromium (the browser tests need it)"; fi; \
 	fi
 
+# Two pytest-xdist workers share one set of services; a test file stays on one worker, and the tests that
+# run DAGs (tests/airflow) share one (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: install chromium
 	$(BIN)/ruff check .
-	$(BIN)/pytest --durations=15 tests  # ends with the 15 slowest tests
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=15 tests  # ends with the 15 slowest tests
 
 test-browser: install chromium
 	$(BIN)/pytest -m browser tests

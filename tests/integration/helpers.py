@@ -6,6 +6,8 @@ so a test compares our results against something our code did not compute.
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import json
 import os
 import subprocess
@@ -13,6 +15,7 @@ import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -193,11 +196,61 @@ def _checked(result: subprocess.CompletedProcess, what: str, check: bool) -> sub
 
 def run_dag(dag_id: str, logical_date: str, run_after: str | None = None, check: bool = True,
             **conf) -> subprocess.CompletedProcess:
-    """One DAG run through Airflow (`dag.test()`, tests/integration/run_dag.py) in a subprocess."""
-    args = [sys.executable, "-m", "tests.integration.run_dag", dag_id, logical_date, json.dumps(conf)]
-    args += [run_after] if run_after else []
-    result = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=os.environ.copy())
+    """One DAG run through Airflow (`dag.test()`, tests/airflow/run_dag.py), in a DAG-run server
+    process that outlives it (Airflow's start is paid once per session); stdout holds the run's output."""
+    args = [dag_id, logical_date, json.dumps(conf), *([run_after] if run_after else [])]
+    env = os.environ.copy()
+    output = Path(env["KAFKA_BATCH_LOG_DIR"]) / "dag-runs" / f"{uuid.uuid4().hex}.log"  # searched for the secret
+    output.parent.mkdir(parents=True, exist_ok=True)
+    runner = _dag_runner(env)
+    runner.stdin.write(json.dumps({"args": args, "env": env, "output": str(output)}) + "\n")
+    runner.stdin.flush()
+    reply = runner.stdout.readline()
+    returncode = json.loads(reply)["returncode"] if reply else runner.wait()  # no reply: the server died
+    text = output.read_text() if output.exists() else ""
+    result = subprocess.CompletedProcess(["run_dag", *args], returncode, text, "")
     return _checked(result, f"run_dag {dag_id} {logical_date} {conf}", check)
+
+
+_dag_runners: dict[frozenset, subprocess.Popen] = {}
+
+
+def _dag_runner(env: dict[str, str]) -> subprocess.Popen:
+    """The DAG-run server for these Airflow settings (Airflow reads some, like the DAGs folder, at import)."""
+    key = frozenset((k, v) for k, v in env.items() if k.startswith("AIRFLOW__") or k == "AIRFLOW_HOME")
+    runner = _dag_runners.get(key)
+    if runner is None or runner.poll() is not None:
+        if not _dag_runners:
+            atexit.register(_stop_dag_runners)
+        runner = subprocess.Popen([sys.executable, "-m", "tests.airflow.run_dag", "--serve"], cwd=ROOT, env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        _dag_runners[key] = runner
+    return runner
+
+
+def _stop_dag_runners() -> None:
+    for runner in _dag_runners.values():
+        runner.stdin.close()  # the server ends at the end of its input
+        try:
+            runner.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+
+
+@contextmanager
+def airflow_alone() -> Iterator[None]:
+    """The session's Airflow to this process alone, while it runs DAGs (dag.test(), or a scheduler).
+
+    pytest-xdist workers share one Airflow metadata database: a scheduler (the console tests) would take
+    over the task instances of another worker's dag.test() run and consume the asset queues a test checks.
+    """
+    path = Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]).parent / "airflow-runs.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:

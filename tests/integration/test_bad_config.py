@@ -1,6 +1,6 @@
 """Bad configuration gets one clear line naming the problem, an exit code saying whether a retry can
 help, and changes nothing (issue #10, section 4). Through the CLI, as an operator meets them; the DAG
-tasks map the same errors (tests/integration/test_fail_fast.py)."""
+tasks map the same errors (tests/airflow/test_fail_fast.py)."""
 
 from __future__ import annotations
 

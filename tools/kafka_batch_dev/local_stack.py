@@ -569,7 +569,9 @@ def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = No
           "the Airflow api-server", base / "airflow-api-server.log", timeout=180)
     dead = [name for name in AIRFLOW_COMPONENTS if not _airflow_running(state, name)]
     if dead:
-        raise RuntimeError(f"Airflow's {', '.join(dead)} exited; see {base}/airflow-<component>.log")
+        tails = "".join(f"\n--- {log}:\n{log.read_text()[-1500:] if log.exists() else '(no log)'}"
+                        for log in (base / f"airflow-{name}.log" for name in dead))
+        raise RuntimeError(f"Airflow's {', '.join(dead)} exited{tails}")
     return url
 
 

@@ -16,7 +16,7 @@ import sqlalchemy
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import ROOT, batches_of, kafka_config, new_pipeline, run_airflow, run_dag
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dag_runs_alone")]
 
 DOWNSTREAM = '''
 from airflow.sdk import DAG, Asset, task

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_batch_dev import sample_data
+from tests.airflow.test_assets import _metadata
 from tests.integration.helpers import (
     batches_of,
     kafka_config,
@@ -15,9 +16,8 @@ from tests.integration.helpers import (
     run_dag,
     table_contents,
 )
-from tests.integration.test_assets import _metadata
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dag_runs_alone")]
 
 
 def test_invalid_replay_params_fail_without_retries_and_change_nothing(services):

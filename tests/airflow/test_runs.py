@@ -1,17 +1,22 @@
-"""What operators do in the Airflow UI, through Airflow itself (`dag.test()`): trigger with params,
-clear a committed run (no-op, or `recompute`), and the manual replay DAG.
+"""DAG runs through Airflow itself (`airflow dags test`, `dag.test()`): new records added exactly once
+(spark-submit through the provider's operator), and what operators do in the Airflow UI: trigger with
+params, clear a committed run (no-op, or `recompute`), and the manual replay DAG.
 
-Clearing is modelled by running the same run id again (tests/integration/run_dag.py).
+Clearing is modelled by running the same run id again (tests/airflow/run_dag.py).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from datetime import UTC, datetime
 
 import pytest
+import sqlalchemy
 
 from kafka_batch_dev import sample_data
+from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
     aggregate_table,
     batches_of,
@@ -21,15 +26,67 @@ from tests.integration.helpers import (
     kafka_config,
     merged,
     new_pipeline,
+    pg_connect,
     positions,
+    query,
     records_by_partition,
+    run_airflow,
     run_dag,
     table_contents,
     update_pipeline,
 )
+from tests.integration.test_end_to_end import _produce
 from tests.integration.test_operations import DOUBLED
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dag_runs_alone")]
+
+
+def test_dag_runs_add_exactly_the_new_records(services):
+    pipeline = new_pipeline("e2e", spark_submit=True)
+    topic = pipeline.topics[0]
+    produced = 0
+    poison: set[int] = set()
+    for run, count in enumerate((3000, 0, 1700)):
+        if count:
+            sample_data.produce_page_views(kafka_config(), topic, count, seed=run)
+            produced += count
+            poison.update(_produce(topic, [b"{not json"], partition=0))  # quarantined, the rest commits
+        if run == 0:  # as users test a DAG, through spark-submit (the provider's operator)
+            run_airflow("dags", "test", pipeline.dag_id)
+            update_pipeline(pipeline.name, connections={"kafka": pipeline.connections.kafka, "postgres":
+                            pipeline.connections.postgres, "spark": os.environ["KAFKA_BATCH_TEST_SPARK_CONN"]})
+        else:  # the same dag.test() in the tests' DAG-run server, batches on the tests' Spark
+            run_dag(pipeline.dag_id, f"2026-01-0{run}T00:00:00+00:00")
+        truth = ground_truth(topic, select=lambda p, o: p != 0 or o not in poison)
+        assert sum(v for v, _ in truth.values()) == produced
+        assert table_contents(pipeline) == truth, f"after run {run}"
+        assert query('SELECT "offset" FROM kafka_batch.quarantine WHERE pipeline = %s AND partition = 0'
+                     " ORDER BY 1", pipeline.name) == [(o,) for o in sorted(poison)]
+
+    statuses = [b[2] for b in batches_of(pipeline.name)]
+    assert statuses == ["committed", "empty", "committed"]
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute("SELECT sum(records_read), sum(records_invalid) FROM kafka_batch.batches WHERE pipeline = %s",
+                    (pipeline.name,))
+        assert cur.fetchone() == (produced, 2)
+    conn.close()
+
+    # The Postgres connection carries a password: it must not reach logs, XCom or rendered fields.
+    leaked = subprocess.run(["grep", "-rl", FAKE_PASSWORD, os.environ["AIRFLOW_HOME"]], capture_output=True, text=True)
+    assert leaked.stdout == "", f"password found in {leaked.stdout}"
+    engine = sqlalchemy.create_engine(os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    with engine.connect() as db:
+        xcoms = db.execute(sqlalchemy.text("SELECT CAST(value AS TEXT) FROM xcom WHERE dag_id = :d"),
+                           {"d": pipeline.dag_id}).fetchall()
+        rendered = db.execute(
+            sqlalchemy.text("SELECT CAST(rendered_fields AS TEXT) FROM rendered_task_instance_fields WHERE dag_id = :d"),
+            {"d": pipeline.dag_id},
+        ).fetchall()
+    engine.dispose()
+    assert xcoms and rendered
+    assert all(FAKE_PASSWORD not in (row[0] or "") for row in xcoms + rendered)
+    assert any("batch_id" in (row[0] or "") for row in xcoms)
 
 
 def test_params_dry_run_limits_clear_and_recompute(services):

@@ -19,9 +19,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_batch_dev import local_stack, sample_data
+from tests.airflow.airflow_server import airflow
 from tests.conftest import FAKE_PASSWORD
-from tests.integration.airflow_server import airflow
 from tests.integration.helpers import (
+    airflow_alone,
     batches_of,
     ground_truth,
     kafka_config,
@@ -55,7 +56,7 @@ def pipelines(services):
 @pytest.fixture(scope="module")
 def server(services, pipelines):
     dead_broker = json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": f"127.0.0.1:{local_stack.free_port()}"}})
-    with airflow({f"AIRFLOW_CONN_{DEAD_KAFKA.upper()}": dead_broker}) as s:
+    with airflow_alone(), airflow({f"AIRFLOW_CONN_{DEAD_KAFKA.upper()}": dead_broker}) as s:
         yield s
 
 
