@@ -247,8 +247,12 @@ def _wait(check, what: str, log: Path, timeout: float = 60.0) -> None:
         if check():
             return
         time.sleep(0.2)
-    tail = log.read_text()[-2000:] if log.exists() else "(no log)"
-    raise RuntimeError(f"{what} did not start within {timeout:.0f}s; log {log}:\n{tail}")
+    raise RuntimeError(f"{what} did not start within {timeout:.0f}s; log {log}:\n{_log_tail(log)}")
+
+
+def _log_tail(log: Path) -> str:
+    """The end of a service's log, for an error saying why it did not start."""
+    return log.read_text()[-2000:] if log.exists() else "(no log)"
 
 
 def _state_path(base: Path) -> Path:
@@ -322,7 +326,7 @@ def _start_service(base: Path, state: dict, key: str, what: str, command: list[s
                                 start_new_session=True)
     _wait(lambda: _port_open(port) or proc.poll() is not None, what, log, timeout=timeout)
     if proc.poll() is not None:
-        raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{log.read_text()[-2000:]}")
+        raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{_log_tail(log)}")
     info = _proc_stat(proc.pid)
     state.update({f"{key}_port": port, f"{key}_pid": proc.pid, f"{key}_started": info[3] if info else None})
 
@@ -569,8 +573,7 @@ def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = No
           "the Airflow api-server", base / "airflow-api-server.log", timeout=180)
     dead = [name for name in AIRFLOW_COMPONENTS if not _airflow_running(state, name)]
     if dead:
-        tails = "".join(f"\n--- {log}:\n{log.read_text()[-1500:] if log.exists() else '(no log)'}"
-                        for log in (base / f"airflow-{name}.log" for name in dead))
+        tails = "".join(f"\n--- {log}:\n{_log_tail(log)}" for log in (base / f"airflow-{name}.log" for name in dead))
         raise RuntimeError(f"Airflow's {', '.join(dead)} exited{tails}")
     return url
 
