@@ -46,7 +46,9 @@ from kafka_batch.core import planning, store
 from kafka_batch.core.commit import commit_batch
 from kafka_batch.kafka_source import KafkaOffsets, reader_config
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
+from kafka_batch.spark import jvm_archive
 from kafka_batch.spark.reader import read_task
+from kafka_batch.spark.submit import spark_environment
 from kafka_batch_dev import sample_data
 
 ROWS: list[dict] = []
@@ -325,6 +327,7 @@ def fixed_cost(env: Env, records: int, spark: str) -> dict:
     pipeline = env.pipeline(name, topic, spark)
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     cli = str(Path(sys.executable).parent / "kafka-batch")
+    archive = jvm_archive_state() if spark == SUBMIT else "not used"
     settle()  # timed from a nearly idle machine
     started_wall = time.time()
     started = time.monotonic()
@@ -335,8 +338,15 @@ def fixed_cost(env: Env, records: int, spark: str) -> dict:
         raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
     breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
     marks.unlink()
-    return row(f"fixed cost, {MODE[spark]}", seconds, "s", f"kafka-batch run of {records:,} records; phases {breakdown}",
-               phases=breakdown)
+    return row(f"fixed cost, {MODE[spark]}", seconds, "s",
+               f"kafka-batch run of {records:,} records; JVM class archive {archive}; phases {breakdown}",
+               phases=breakdown, jvm_class_archive=archive)
+
+
+def jvm_archive_state() -> str:
+    """Whether this spark-submit maps the driver JVM's class archive, or writes it (a slower run)."""
+    path = jvm_archive.archive_path(spark_environment())
+    return "off" if path is None else "mapped" if path.exists() else "written by this run"
 
 
 def contributions_size(env: Env, pipeline, records: int) -> None:

@@ -8,6 +8,7 @@ Kafka and Postgres given by address:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -17,6 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# py4j says at INFO that its gateway closes, at interpreter exit, after pytest has closed the stream its
+# log handler wrote to: a "--- Logging error ---" at the end of the run, about nothing.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 # In-process Airflow (DagBag, Connection parsing) gets a throwaway home, never ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka_batch_airflow_home_"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
@@ -73,6 +77,9 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
     # code and one GC thread cost less CPU than C2's compilations on two cores (bench: 1,000 records in
     # 22-23 s instead of 26-27 s). Users' jobs keep the JVM's defaults.
     env["SPARK_SUBMIT_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    # The spark-submit JVMs' class archive (kafka_batch.spark.jvm_archive): the session's first batch
+    # through spark-submit writes it, later ones map it; never the user's ~/.cache.
+    env["KAFKA_BATCH_JVM_ARCHIVE_DIR"] = str(base / "jvm-archive")
     return base, env, started
 
 

@@ -7,6 +7,7 @@ Results are compared with ground truth read straight from the topic (tests/integ
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.spark import jvm_archive
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     ROWS_SINK,
@@ -57,6 +59,8 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
     [log_line] = [line for line in result.stdout.splitlines() if line.startswith("Spark's log: ")]
     assert "INFO SparkContext" in Path(log_line.split()[2]).read_text()
     assert "SparkContext" not in result.stdout + result.stderr
+    # After a spark-submit that succeeded, the JVM's class archive is in place for the next ones.
+    assert list(Path(os.environ[jvm_archive.ENV]).glob("*.jsa"))
     assert re.search(r"\n  batch \d+: reading 3 range\(s\) \(\d+ after splitting\) in \d+ Spark task", result.stdout)
     before_table, before_positions = table_contents(pipeline), positions(pipeline.name)
     assert sum(v for v, _ in before_table.values()) == 1200

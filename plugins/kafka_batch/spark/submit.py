@@ -23,6 +23,7 @@ from pathlib import Path
 from kafka_batch import errors
 from kafka_batch.config import PROJECT_ROOT, Pipeline
 from kafka_batch.connections import ConnectionFields, env_var, postgres_params
+from kafka_batch.spark import jvm_archive
 
 APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -98,21 +99,24 @@ def application_args(pipeline: Pipeline, batch_id: int, try_number: int | None =
 @contextmanager
 def spark_submit_hook(
     pipeline: Pipeline, batch_id: int, connections: tuple[ConnectionFields, ...], *, mode: str = "commit",
-    try_number: int | None = None,
+    try_number: int | None = None, driver_is_local: bool = True,
 ) -> Iterator:
-    """The provider's hook for one batch; the zipped package is removed when the block ends."""
+    """The provider's hook for one batch; the zipped package is removed when the block ends. A driver
+    on this machine starts from the JVM class archive (jvm_archive)."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+    spark_env = spark_environment()
     directory = Path(tempfile.mkdtemp(prefix="kafka_batch_pyfiles_"))
     try:
-        yield SparkSubmitHook(
-            conn_id=pipeline.connections.spark,
-            conf=dict(SPARK_CONF),
-            py_files=str(package_zip(directory)),
-            name=f"kafka_batch_{pipeline.name}_batch_{batch_id}",
-            application_args=application_args(pipeline, batch_id, try_number, mode),
-            env_vars={**spark_environment(), **connection_environment(*connections)},
-        )
+        with jvm_archive.submit_opts(spark_env, driver_is_local) as jvm_env:
+            yield SparkSubmitHook(
+                conn_id=pipeline.connections.spark,
+                conf=dict(SPARK_CONF),
+                py_files=str(package_zip(directory)),
+                name=f"kafka_batch_{pipeline.name}_batch_{batch_id}",
+                application_args=application_args(pipeline, batch_id, try_number, mode),
+                env_vars={**spark_env, **jvm_env, **connection_environment(*connections)},
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -142,7 +146,9 @@ def batch_execution(
     if connect.uses_connect(spark):
         yield connect.ConnectExecution(pipeline, batch_id, postgres, kafka, mode=mode, try_number=try_number)
         return
-    with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number) as hook:
+    driver_is_local = spark is None or spark.extra.get("deploy-mode") != "cluster"
+    with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number,
+                           driver_is_local=driver_is_local) as hook:
         if log is not None:
             hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it
         yield SubmitExecution(hook, batch_id, postgres_params(postgres))
