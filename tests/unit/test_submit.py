@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.connections import ConnectionFields
-from kafka_batch.spark import submit
+from kafka_batch.spark import jvm_archive, submit
 
 SECRET = "pw-that-must-not-show"
 
@@ -29,3 +29,19 @@ def test_the_package_zip_ships_no_airflow_code_the_command_no_secret_and_is_remo
     assert SECRET not in " ".join(command)  # connections travel in the child's environment only
     assert SECRET in env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] and SECRET in env["AIRFLOW_CONN_KAFKA_DEFAULT"]
     assert not zipped.exists() and not zipped.parent.exists()
+
+
+def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://m:7077"}))
+    monkeypatch.setenv(jvm_archive.ENV, str(tmp_path))
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    postgres = ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb")
+    kafka = ConnectionFields(pipeline.connections.kafka, "kafka", extra={"bootstrap.servers": "k:9092"})
+    given = {}
+    for deploy_mode in ("client", "cluster"):
+        spark = ConnectionFields("spark_default", "spark", "spark://m:7077", extra={"deploy-mode": deploy_mode})
+        with submit.batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
+            given[deploy_mode] = execution.hook._env_vars.get("SPARK_SUBMIT_OPTS", "")
+    assert "-XX:ArchiveClassesAtExit=" in given["client"]  # no archive yet: this run would write it
+    assert given["cluster"] == ""  # the driver runs elsewhere, where the archive is not
