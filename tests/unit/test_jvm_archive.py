@@ -69,3 +69,16 @@ def test_no_options_for_a_driver_elsewhere_or_when_turned_off(spark_env, monkeyp
         monkeypatch.setenv(jvm_archive.ENV, "off")
     with jvm_archive.submit_opts(spark_env, driver_is_local=case != "cluster driver") as env:
         assert env == {}
+
+
+def test_an_archive_written_just_before_the_lock_is_mapped_not_written_again(spark_env, monkeypatch):
+    archive = jvm_archive.archive_path(spark_env)
+    lock = jvm_archive.fcntl.flock
+
+    def another_writer_finishes_first(fd, op):
+        archive.write_bytes(b"classes")  # after this run saw no archive, before it takes the lock
+        lock(fd, op)
+
+    monkeypatch.setattr(jvm_archive.fcntl, "flock", another_writer_finishes_first)
+    with jvm_archive.submit_opts(spark_env, driver_is_local=True) as env:
+        assert _option(env, "SharedArchiveFile") == str(archive)

@@ -59,13 +59,12 @@ def submit_opts(spark_env: dict[str, str], driver_is_local: bool) -> Iterator[di
     """SPARK_SUBMIT_OPTS for one spark-submit (the caller's own options kept first). Without an archive,
     the JVM writes one to a temporary file, moved into place only if the block ends without an error:
     a JVM killed while it writes leaves a partial file, which would be ignored on every later run."""
-    own = os.environ.get("SPARK_SUBMIT_OPTS", "")
     path = archive_path(spark_env) if driver_is_local else None
     if path is None:
         yield {}
         return
     if path.exists():
-        yield {"SPARK_SUBMIT_OPTS": f"{own} -XX:SharedArchiveFile={path} {QUIET}".strip()}
+        yield _opts(f"-XX:SharedArchiveFile={path}")
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,14 +78,23 @@ def submit_opts(spark_env: dict[str, str], driver_is_local: bool) -> Iterator[di
         except BlockingIOError:
             yield {}
             return
+        if path.exists():  # a writer finished between the check above and the lock
+            yield _opts(f"-XX:SharedArchiveFile={path}")
+            return
         for stale in path.parent.glob(f"{path.stem}.*.partial"):  # of writers killed before the rename
             stale.unlink(missing_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")  # the JVM creates it at exit
         try:
-            yield {"SPARK_SUBMIT_OPTS": f"{own} -XX:ArchiveClassesAtExit={partial} {QUIET}".strip()}
+            yield _opts(f"-XX:ArchiveClassesAtExit={partial}")
             if partial.exists() and partial.stat().st_size:
                 os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
     finally:
         os.close(lock)  # releases the lock
+
+
+def _opts(archive_option: str) -> dict[str, str]:
+    """The caller's own SPARK_SUBMIT_OPTS first, then the archive's."""
+    own = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    return {"SPARK_SUBMIT_OPTS": f"{own} {archive_option} {QUIET}".strip()}
