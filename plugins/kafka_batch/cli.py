@@ -7,6 +7,7 @@ starts the embedded services and writes them to `.local/env.sh`.
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import json
 import logging
@@ -413,5 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         return ServiceError.exit_code
 
 
+def console() -> None:
+    """The `kafka-batch` command. Its objects are frozen before it exits: the interpreter's last garbage
+    collection over everything Airflow's import created took 0.4 s of every command."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -35,6 +35,11 @@ def pipelines_dir() -> Path:
     return Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", PROJECT_ROOT / "pipelines"))
 
 
+def user_cache_dir() -> Path:
+    """Where what speeds up spark-submit on this machine is kept (nothing in it is needed to be correct)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kafka_batch"
+
+
 @dataclass(frozen=True)
 class Limits:
     max_records_per_partition: int = 1_000_000

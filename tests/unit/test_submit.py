@@ -45,3 +45,22 @@ def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatc
             given[deploy_mode] = execution.hook._env_vars.get("SPARK_SUBMIT_OPTS", "")
     assert "-XX:ArchiveClassesAtExit=" in given["client"]  # no archive yet: this run would write it
     assert given["cluster"] == ""  # the driver runs elsewhere, where the archive is not
+
+
+def test_a_short_batch_starts_its_jvm_with_c1_only_and_your_own_options_win(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    monkeypatch.setenv(jvm_archive.ENV, jvm_archive.OFF)
+    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb"),)
+
+    def options(span, **kwargs):
+        with submit.spark_submit_hook(pipeline, 7, conns, span=span, **kwargs) as hook:
+            return hook._env_vars.get("SPARK_SUBMIT_OPTS", "")
+
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
+    assert options(submit.SHORT_BATCH_OFFSETS) == submit.SHORT_BATCH_JVM
+    assert options(submit.SHORT_BATCH_OFFSETS + 1) == ""  # a long read gets C2's faster code
+    assert options(None) == ""  # unknown
+    assert options(10, driver_is_local=False) == ""  # the driver runs elsewhere
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=4")
+    assert options(10).split() == [submit.SHORT_BATCH_JVM, "-XX:TieredStopAtLevel=4"]  # the JVM takes the last

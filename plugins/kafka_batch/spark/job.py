@@ -355,11 +355,9 @@ def main(argv: list[str] | None = None) -> int:
 
         spark = SparkSession.builder.appName(f"kafka_batch:batch-{args.batch_id}").getOrCreate()
         timings.mark("session_ready")
-        try:
-            result = run_batch(spark, postgres, args.batch_id, args.try_number, args.mode)
-        finally:
-            spark.stop()
-            timings.mark("spark_stopped")
+        # No spark.stop(): spark-submit's JVM stops the SparkContext as it exits (a shutdown hook), while
+        # pyspark's stop() would first wait up to a second for its accumulator server's handler to notice.
+        result = run_batch(spark, postgres, args.batch_id, args.try_number, args.mode)
     except KafkaBatchError as exc:
         print(one_line(exc), file=sys.stderr)
         return exc.exit_code

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kafka_batch.config import user_cache_dir
+
 ENV = "KAFKA_BATCH_JVM_ARCHIVE_DIR"
 OFF = "off"
 # The JVM's notes on classes it cannot archive (signed jars, old class files) are not the job's news.
@@ -34,9 +36,7 @@ def archive_dir() -> Path | None:
     configured = os.environ.get(ENV, "").strip()
     if configured.lower() == OFF:
         return None
-    if configured:
-        return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kafka_batch"
+    return Path(configured) if configured else user_cache_dir()
 
 
 def archive_path(spark_env: dict[str, str]) -> Path | None:
@@ -55,37 +55,38 @@ def archive_path(spark_env: dict[str, str]) -> Path | None:
 
 
 @contextmanager
-def submit_opts(spark_env: dict[str, str], driver_is_local: bool) -> Iterator[dict[str, str]]:
-    """SPARK_SUBMIT_OPTS for one spark-submit (the caller's own options kept first). Without an archive,
-    the JVM writes one to a temporary file, moved into place only if the block ends without an error:
-    a JVM killed while it writes leaves a partial file, which would be ignored on every later run."""
+def submit_opts(spark_env: dict[str, str], driver_is_local: bool, leading: str = "") -> Iterator[dict[str, str]]:
+    """SPARK_SUBMIT_OPTS for one spark-submit: `leading` options, the caller's own (which win over
+    them), then the archive's. Without an archive, the JVM writes one to a temporary file, moved into
+    place only if the block ends without an error: a JVM killed while it writes leaves a partial file,
+    which would be ignored on every later run."""
     path = archive_path(spark_env) if driver_is_local else None
     if path is None:
-        yield {}
+        yield _opts(leading)
         return
     if path.exists():
-        yield _opts(f"-XX:SharedArchiveFile={path}")
+        yield _opts(leading, f"-XX:SharedArchiveFile={path}")
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:  # a read-only home: run without
-        yield {}
+        yield _opts(leading)
         return
     try:
         try:  # writing one costs a run about 15 s more: one writer at a time, the others run without
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield {}
+            yield _opts(leading)
             return
         if path.exists():  # a writer finished between the check above and the lock
-            yield _opts(f"-XX:SharedArchiveFile={path}")
+            yield _opts(leading, f"-XX:SharedArchiveFile={path}")
             return
         for stale in path.parent.glob(f"{path.stem}.*.partial"):  # of writers killed before the rename
             stale.unlink(missing_ok=True)
         partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")  # the JVM creates it at exit
         try:
-            yield _opts(f"-XX:ArchiveClassesAtExit={partial}")
+            yield _opts(leading, f"-XX:ArchiveClassesAtExit={partial}")
             if partial.exists() and partial.stat().st_size:
                 os.replace(partial, path)
         finally:
@@ -94,7 +95,11 @@ def submit_opts(spark_env: dict[str, str], driver_is_local: bool) -> Iterator[di
         os.close(lock)  # releases the lock
 
 
-def _opts(archive_option: str) -> dict[str, str]:
-    """The caller's own SPARK_SUBMIT_OPTS first, then the archive's."""
+def _opts(leading: str, archive_option: str = "") -> dict[str, str]:
+    """`leading`, the caller's own SPARK_SUBMIT_OPTS (a JVM takes the last of a repeated option), then
+    the archive's; nothing when there is nothing to add to the caller's."""
     own = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    return {"SPARK_SUBMIT_OPTS": f"{own} {archive_option} {QUIET}".strip()}
+    archive = f"{archive_option} {QUIET}" if archive_option else ""
+    if not (leading or archive):
+        return {}
+    return {"SPARK_SUBMIT_OPTS": " ".join(part for part in (leading, own, archive) if part)}
