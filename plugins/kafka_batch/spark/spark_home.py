@@ -25,11 +25,11 @@ def without_zipped_python(package_dir: Path) -> Path:
     """The view of the pyspark package at `package_dir` (made on first use), or the package itself
     when the cache cannot be written: slower to start, nothing else."""
     package_dir = package_dir.resolve()
-    stamp = f"{package_dir}:{(package_dir / 'version.py').stat().st_mtime_ns}"  # a reinstall: a new view
-    view = user_cache_dir() / f"spark-home-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
-    if view.is_dir():
-        return view
     try:
+        stamp = f"{package_dir}:{(package_dir / 'version.py').stat().st_mtime_ns}"  # a reinstall: a new view
+        view = user_cache_dir() / f"spark-home-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}"
+        if view.is_dir():
+            return view
         view.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".spark-home-", dir=view.parent))
         staging.chmod(0o755)

@@ -177,30 +177,28 @@ def run(hook, batch_id: int, postgres: dict) -> None:
         raise errors.from_exit_code(code, f"batch {batch_id} failed: {recorded_error(postgres, batch_id)}") from None
 
 
+def _stored_batch(postgres: dict, batch_id: int):
+    from kafka_batch.core import store
+
+    conn = store.connect(postgres)
+    try:
+        return store.load_batch(conn, batch_id)
+    finally:
+        conn.close()
+
+
 def batch_span(postgres: dict, batch_id: int) -> int | None:
     """The batch's offsets, to choose the driver JVM's options; None when Postgres cannot say (the
     job itself then reports why)."""
-    from kafka_batch.core import store
-
     try:
-        conn = store.connect(postgres)
-        try:
-            return store.load_batch(conn, batch_id).span
-        finally:
-            conn.close()
+        return _stored_batch(postgres, batch_id).span
     except Exception:  # noqa: BLE001 - only an optimisation depends on it
         return None
 
 
 def recorded_error(postgres: dict, batch_id: int) -> str:
-    from kafka_batch.core import store
-
     try:
-        conn = store.connect(postgres)
-        try:
-            error = store.load_batch(conn, batch_id).error
-        finally:
-            conn.close()
+        error = _stored_batch(postgres, batch_id).error
     except Exception as exc:  # noqa: BLE001 - the job's own log still says why
         return f"the Spark job failed, and its recorded error could not be read ({type(exc).__name__})"
     return error or "the Spark job failed before it recorded an error; its log says why"
