@@ -3,6 +3,7 @@ the driver and the Python workers import the installed, compiled pyspark."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from kafka_batch.spark import spark_home
@@ -47,3 +48,13 @@ def test_spark_submit_gets_the_view_unless_you_set_spark_home(tmp_path, monkeypa
     assert not (home / "python").exists()
     monkeypatch.setenv("SPARK_HOME", "/opt/spark")
     assert "SPARK_HOME" not in submit.spark_environment()  # yours, inherited as it is
+
+
+def test_views_of_removed_packages_are_removed_when_a_new_view_is_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gone = spark_home.without_zipped_python(_package(tmp_path / "old-venv"))
+    kept = spark_home.without_zipped_python(_package(tmp_path / "other-venv"))
+    shutil.rmtree(tmp_path / "old-venv")  # its virtualenv deleted
+    new = spark_home.without_zipped_python(_package(tmp_path / "new-venv"))
+    assert sorted(p.name for p in new.parent.iterdir()) == sorted([kept.name, new.name])
+    assert not gone.exists()

@@ -8,6 +8,7 @@ installed (and compiled), so spark-submit gets a view of it instead: a directory
 with links to everything in it but `python/`. The zips' paths then do not exist, Python skips them and
 imports the installed pyspark and py4j. A SPARK_HOME of your own is used as it is, and so is the
 package for a YARN master, which uploads those zips to its containers (`submit.batch_execution`).
+Making a view removes those of a pyspark that is gone, so deleted checkouts leave nothing behind.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def without_zipped_python(package_dir: Path) -> Path:
             staging.rename(view)  # complete or not there: a process that starts meanwhile sees no half view
         except OSError:  # another process renamed its own first
             shutil.rmtree(staging, ignore_errors=True)
+        _remove_views_of_removed_packages(view.parent)
     except OSError:
         return package_dir
     return view if view.is_dir() else package_dir
+
+
+def _remove_views_of_removed_packages(directory: Path) -> None:
+    """Views whose pyspark is gone (a deleted virtualenv or checkout) point nowhere: remove them."""
+    for other in directory.glob("spark-home-*"):
+        jars = other / "jars"
+        if jars.is_symlink() and not jars.exists():
+            shutil.rmtree(other, ignore_errors=True)
