@@ -116,7 +116,6 @@ class ConnectExecution:
             raise kind(f"batch {self.batch_id} failed: {submit.recorded_error(self.postgres, self.batch_id)}") from None
         finally:
             spark.client.close()  # the channel only: the shared session stays for the next batch
-            timings.mark("spark_stopped")
 
     def kill(self) -> None:
         from kafka_batch.spark.job import batch_tag

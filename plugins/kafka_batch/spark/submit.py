@@ -157,15 +157,16 @@ def batch_execution(
     if connect.uses_connect(spark):
         yield connect.ConnectExecution(pipeline, batch_id, postgres, kafka, mode=mode, try_number=try_number)
         return
+    params = postgres_params(postgres)
     driver_is_local = spark is None or spark.extra.get("deploy-mode") != "cluster"
-    span = batch_span(postgres_params(postgres), batch_id) if driver_is_local else None
+    span = batch_span(params, batch_id) if driver_is_local else None
     # YARN (also the provider's master when the connection is missing) uploads pyspark's zips to its containers.
     yarn = spark is None or "yarn" in f"{spark.conn_type or ''}://{spark.host or ''}"
     with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number,
                            driver_is_local=driver_is_local, span=span, yarn=yarn) as hook:
         if log is not None:
             hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it
-        yield SubmitExecution(hook, batch_id, postgres_params(postgres))
+        yield SubmitExecution(hook, batch_id, params)
 
 
 def run(hook, batch_id: int, postgres: dict) -> None:
