@@ -2,7 +2,7 @@
 
 One run produces the data, plans every batch, then measures (each with the load average then):
   raw read        a plain confluent-kafka loop over the big batch's ranges, one process, no parsing
-  project reader  kafka_source.read_partitions + Arrow columns, as a Spark task does it, one process
+  project reader  kafka_source.read_partitions + Arrow columns + JSON fields, as a Spark task does it, one process
   plain consumer  what a user would write: consume, json.loads, a dict aggregate, one CAS commit
   spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate
   many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
@@ -182,11 +182,12 @@ def raw_read(env: Env, ranges) -> tuple[int, float]:
 def project_read(env: Env, pipeline, ranges) -> tuple[int, float]:
     from dataclasses import asdict
 
-    from kafka_batch.spark.job import _columns
+    from kafka_batch.spark.job import _columns, _reader_fields
 
     settle()  # timed from a nearly idle machine
     started = time.monotonic()
-    count = sum(b.num_rows for b in read_task(env.kafka, list(ranges), asdict(pipeline.read), _columns(pipeline)))
+    count = sum(b.num_rows for b in read_task(env.kafka, list(ranges), asdict(pipeline.read), _columns(pipeline),
+                                              _reader_fields(pipeline)))
     return count, time.monotonic() - started
 
 
@@ -454,7 +455,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     raw_n, raw_s = raw_read(env, big_batch.ranges)
     raw = row("raw read", raw_n / raw_s, "records/s", f"{raw_n:,} records in {raw_s:.1f}s (plain consumer loop)")
     n, s = project_read(env, big, big_batch.ranges)
-    row("project reader", n / s, "records/s", f"{n:,} records in {s:.1f}s (read_partitions + Arrow, one process)")
+    row("project reader", n / s, "records/s", f"{n:,} records in {s:.1f}s (read_partitions + Arrow + JSON fields, one process)")
     n, s = baseline(env, big_batch.ranges)
     base = row("plain consumer", n / s, "records/s", f"{n:,} records in {s:.1f}s (consume + json + dict + CAS commit)")
     small_run = spark_run(env, small, small_batch, "small")

@@ -171,6 +171,25 @@ def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services)
     assert len(rows_contents(pipeline)) == 61
 
 
+def test_fields_parsed_in_the_reader_and_by_spark_give_the_ground_truth(services):
+    """One batch with chunks the reader parses (pyarrow), tombstones among them, and a chunk it
+    leaves to from_json (an invalid record in it): the sinks hold what the topic says."""
+    pipeline = new_pipeline("parsed", partitions=3, rows=True)
+    topic = pipeline.topics[0]
+    rng = random.Random(7)
+    views = [json.dumps(sample_data.page_view(rng)[1]).encode() for _ in range(300)]
+    _produce(topic, views[:100], partition=0)
+    _produce(topic, [None if i % 7 == 3 else v for i, v in enumerate(views[100:200])], partition=1)
+    mistyped = _produce(topic, [*views[200:250], MISTYPED, *views[250:]], partition=2)[50]
+    clean = lambda p, o: (p, o) != (2, mistyped)  # noqa: E731
+
+    assert "1 quarantined" in run_cli("run", "--pipeline", pipeline.name).stdout
+    assert table_contents(pipeline) == ground_truth(topic, select=clean)
+    assert rows_contents(pipeline) == rows_truth(topic, select=clean)
+    assert query('SELECT partition, "offset" FROM kafka_batch.quarantine WHERE pipeline = %s', pipeline.name) == [
+        (2, mistyped)]
+
+
 def test_too_many_invalid_records_fail_the_batch_naming_the_first(services):
     pipeline = new_pipeline("schema", partitions=1, limits={"max_invalid_ratio": 0.1})
     topic = pipeline.topics[0]

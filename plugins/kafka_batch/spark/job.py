@@ -31,6 +31,7 @@ from kafka_batch.errors import (
 )
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.sinks.base import StageContext
+from kafka_batch.spark.json_fields import parses_in_reader
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
 from kafka_batch.spark.transform import invalid_records, parse_records
 
@@ -247,8 +248,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: stor
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators),
-                            pipeline)
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators,
+                                        _reader_fields(pipeline)), pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
@@ -288,6 +289,11 @@ def _columns(pipeline: Pipeline) -> tuple[str, ...]:
     if any(columns is None for columns in used):
         return ALL_COLUMNS
     return columns_used(c.expr for columns in used for c in columns)
+
+
+def _reader_fields(pipeline: Pipeline) -> dict[str, str] | None:
+    """The JSON fields for the reader to parse: all of them if pyarrow parses their types as from_json does."""
+    return pipeline.fields if parses_in_reader(pipeline.fields) else None
 
 
 def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: store.Batch, counts: dict) -> pa.Table | None:

@@ -5,7 +5,9 @@ sinks can count them. A record the pipeline cannot process (a value over `max_va
 JSON object with the declared fields, or a null where a sink needs a key) gets its reason in
 `_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
 such a record stops the batch instead, with raise_error naming its topic, partition and offset.
-Pure DataFrame -> DataFrame: tested on a local session.
+The reader may have parsed the fields already (`json_fields`, pyarrow, where it gives what from_json
+gives); from_json then parses only the records it left. Pure DataFrame -> DataFrame: tested on a
+local session.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pyspark.sql import functions as F
 
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import INVALID_RECORD
+from kafka_batch.spark.json_fields import PARSED, field_column
 
 METADATA = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value")
 # What a quarantine row keeps of a record (its value is cut to QUARANTINE_KEEP_BYTES; the length is kept).
@@ -45,8 +48,17 @@ def _reason(pipeline: Pipeline) -> Column:
 
 
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
-    parsed = records.withColumn("_parsed", F.from_json(F.col("value").cast("string"), _json_schema(pipeline)))
-    fields = [F.col("_parsed").getField(name).alias(name) for name in pipeline.fields]
+    text = F.col("value").cast("string")
+    in_reader = PARSED in records.columns
+    if in_reader:
+        text = F.when(~F.col(PARSED), text)  # null, so nothing to parse, where the reader parsed
+    parsed = records.withColumn("_parsed", F.from_json(text, _json_schema(pipeline)))
+
+    def field(name: str) -> Column:
+        by_spark = F.col("_parsed").getField(name)
+        return (F.when(F.col(PARSED), F.col(field_column(name))).otherwise(by_spark) if in_reader else by_spark).alias(name)
+
+    fields = [field(name) for name in pipeline.fields]
     # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
     metadata = [c for c in METADATA if c in records.columns]
     flat = parsed.select(*metadata, *fields, F.col("value").isNull().alias("_tombstone"))
