@@ -27,7 +27,6 @@ import pyarrow.json as pa_json
 # The field types pyarrow converts as Spark's from_json does (a timestamp's formats differ: Spark's).
 ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
                "boolean": pa.bool_()}
-SPARK_TYPES = {"string": "string", "long": "long", "int": "int", "double": "double", "boolean": "boolean"}
 # Longer values go to from_json: Jackson, under it, refuses documents nested over 1,000 levels and
 # numbers over 1,000 digits, which pyarrow reads; neither fits in 1,000 bytes.
 FAST_MAX_VALUE_BYTES = 1_000
@@ -43,9 +42,9 @@ def parses_in_reader(fields: Mapping[str, str]) -> bool:
 
 
 def columns(fields: Mapping[str, str]) -> list[tuple[str, pa.DataType, str]]:
-    """The columns the reader adds: (name, Arrow type, Spark type)."""
-    return [(PARSED, pa.bool_(), "boolean"),
-            *[(field_column(n), ARROW_TYPES[t], SPARK_TYPES[t]) for n, t in fields.items()]]
+    """The columns the reader adds: (name, Arrow type, Spark type; a field's type is Spark's name for it,
+    as in the schema from_json gets)."""
+    return [(PARSED, pa.bool_(), "boolean"), *[(field_column(n), ARROW_TYPES[t], t) for n, t in fields.items()]]
 
 
 def parse_values(values: Sequence[bytes | None], fields: Mapping[str, str]) -> list[pa.Array]:
