@@ -172,6 +172,7 @@ def read_partitions(
         return
     reached = {key: r.from_offset for key, r in pending.items()}  # the offset each is known to be read up to
     topics = {t for t, _ in pending}
+    only = where[0] if len(where) == 1 else None  # the consumer's one partition, if it is assigned just one
     consumer = Consumer(reader_config(config))
     try:
         consumer.assign([TopicPartition(t, p, r.from_offset) for (t, p), r in pending.items()])
@@ -181,7 +182,7 @@ def read_partitions(
             first = consumer.poll(poll_timeout)
             want = min(batch_size, left)
             messages = [] if first is None else [first, *consumer.consume(want - 1, timeout=0)] if want > 1 else [first]
-            for key, chunk in _by_partition(messages, topics).items():
+            for key, chunk in _by_partition(messages, topics, only).items():
                 r = pending.get(key)
                 if r is None:
                     continue  # a partition already complete
@@ -218,8 +219,13 @@ def read_partitions(
         consumer.close()
 
 
-def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
-    """The messages of one consume call per (topic, partition), each list in offset order."""
+def _by_partition(messages: list[Any], topics: set[str], only: tuple[str, int] | None = None,
+                  ) -> dict[tuple[str, int], list[Any]]:
+    """The messages of one consume call per (topic, partition), each list in offset order. A consumer
+    assigned `only` one partition gets only its records: a call without events is one chunk as it is
+    (grouping costs the read a tenth of its CPU)."""
+    if only is not None and not any(map(Message.error, messages)):
+        return {only: messages}
     if len(topics) == 1:
         [topic] = topics
         runs = zip(itertools.repeat(topic), map(Message.partition, messages))

@@ -86,14 +86,14 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
         if name in ("range_id", "topic", "partition"):
             value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
             arrays.append(pa.repeat(pa.scalar(value, field.type), n))
-        elif name in ("timestamp", "timestamp_type"):
-            kinds = pa.array(map(_first, map(Message.timestamp, messages)), pa.int32(), size=n)
-            if name == "timestamp_type":
-                arrays.append(kinds)
-                continue
+        elif name == "timestamp_type":
+            arrays.append(pa.array(map(_first, map(Message.timestamp, messages)), pa.int32(), size=n))
+        elif name == "timestamp":
             millis = pa.array(map(_second, map(Message.timestamp, messages)), pa.int64(), size=n)
-            unknown = pc.equal(kinds, TIMESTAMP_NOT_AVAILABLE)
-            if pc.any(unknown).as_py():
+            # A record without a timestamp has -1 (0 in old formats): only then are the kinds needed.
+            if n and pc.min(millis).as_py() <= 0:
+                kinds = pa.array(map(_first, map(Message.timestamp, messages)), pa.int32(), size=n)
+                unknown = pc.equal(kinds, TIMESTAMP_NOT_AVAILABLE)
                 millis = pc.if_else(unknown, pa.scalar(None, pa.int64()), millis)
             arrays.append(pc.multiply(millis, 1000).cast(field.type))
         elif name == "headers":

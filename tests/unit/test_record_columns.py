@@ -1,0 +1,54 @@
+"""The reader's Arrow columns from confluent_kafka Messages built by hand (pure logic: no broker can be
+made to send a record without a timestamp, and the column must still say so)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message
+
+from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.spark.reader import messages_to_arrow
+
+RANGE = OffsetRange("t", 3, 0, 100, range_id=7)
+UTC = dt.UTC
+
+
+def messages(timestamps):
+    return [Message(topic="t", partition=3, offset=i, key=b"k", value=b"{}", timestamp=ts)
+            for i, ts in enumerate(timestamps)]
+
+
+def columns(timestamps, wanted=("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type")):
+    return messages_to_arrow(messages(timestamps), RANGE, wanted).to_pydict()
+
+
+def at(millis):
+    return dt.datetime.fromtimestamp(millis / 1000, UTC)
+
+
+def test_timestamps_are_utc_microseconds_with_their_kinds():
+    got = columns([(TIMESTAMP_CREATE_TIME, 1_700_000_000_123), (TIMESTAMP_LOG_APPEND_TIME, 1_700_000_001_000)])
+    assert got["timestamp"] == [at(1_700_000_000_123), at(1_700_000_001_000)]
+    assert got["timestamp_type"] == [TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME]
+    assert got["range_id"] == [7, 7] and got["topic"] == ["t", "t"] and got["partition"] == [3, 3]
+    assert got["offset"] == [0, 1]
+
+
+@pytest.mark.parametrize("wanted", [("timestamp",), ("timestamp", "timestamp_type")])
+@pytest.mark.parametrize("missing", [(TIMESTAMP_NOT_AVAILABLE, -1), (TIMESTAMP_NOT_AVAILABLE, 0)])
+def test_a_record_without_a_timestamp_has_a_null_one(wanted, missing):
+    got = columns([(TIMESTAMP_CREATE_TIME, 1_000), missing, (TIMESTAMP_CREATE_TIME, 2_000)], wanted)
+    assert got["timestamp"] == [at(1_000), None, at(2_000)]
+
+
+def test_a_timestamp_before_1970_is_kept():
+    """-1 with a kind is a time (Kafka's NO_TIMESTAMP comes without one): only the kind says "none"."""
+    got = columns([(TIMESTAMP_CREATE_TIME, -1), (TIMESTAMP_CREATE_TIME, 0)])
+    assert got["timestamp"] == [at(-1), at(0)]
+
+
+def test_an_empty_chunk_has_empty_columns():
+    assert columns([]) == {name: [] for name in ("range_id", "topic", "partition", "offset", "timestamp",
+                                                 "timestamp_type")}
