@@ -182,11 +182,15 @@ def read_partitions(
             first = consumer.poll(poll_timeout)
             want = min(batch_size, left)
             messages = [] if first is None else [first, *consumer.consume(want - 1, timeout=0)] if want > 1 else [first]
-            for key, chunk in _by_partition(messages, topics, only).items():
+            events = any(map(Message.error, messages))
+            # A consumer assigned `only` one partition gets only its records: a call without events is
+            # one chunk as it is (grouping by partition costs the read a tenth of its CPU).
+            chunks = {only: messages} if only is not None and not events else _by_partition(messages, topics)
+            for key, chunk in chunks.items():
                 r = pending.get(key)
                 if r is None:
                     continue  # a partition already complete
-                if any(map(Message.error, chunk)):
+                if events and any(map(Message.error, chunk)):
                     chunk = _without_events(chunk, r, reached)
                 # In offset order: the records before `until` are a prefix (found in C, not per record).
                 offsets = list(map(Message.offset, chunk))
@@ -219,13 +223,8 @@ def read_partitions(
         consumer.close()
 
 
-def _by_partition(messages: list[Any], topics: set[str], only: tuple[str, int] | None = None,
-                  ) -> dict[tuple[str, int], list[Any]]:
-    """The messages of one consume call per (topic, partition), each list in offset order. A consumer
-    assigned `only` one partition gets only its records: a call without events is one chunk as it is
-    (grouping costs the read a tenth of its CPU)."""
-    if only is not None and not any(map(Message.error, messages)):
-        return {only: messages}
+def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
+    """The messages of one consume call per (topic, partition), each list in offset order."""
     if len(topics) == 1:
         [topic] = topics
         runs = zip(itertools.repeat(topic), map(Message.partition, messages))
