@@ -16,7 +16,7 @@ import pytest
 from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.json_fields import parse_values
-from kafka_batch.spark.reader import ALL_COLUMNS, RECORD_SCHEMA, arrow_schema
+from kafka_batch.spark.reader import ALL_COLUMNS, arrow_schema, record_schema
 from kafka_batch.spark.transform import invalid_records, parse_records
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ def records(spark, request):
     """rows, pipeline -> the records DataFrame the reader would give, with or without parsed fields."""
     def frame(rows, pipeline=PIPELINE):
         if request.param == "from_json":
-            return spark.createDataFrame(rows, RECORD_SCHEMA)
+            return spark.createDataFrame(rows, record_schema())
         schema = arrow_schema(ALL_COLUMNS, pipeline.fields)
         return spark.createDataFrame(pa.Table.from_batches([
             pa.RecordBatch.from_arrays(

@@ -12,7 +12,7 @@ from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.spark.reader import messages_to_arrow
 
 RANGE = OffsetRange("t", 3, 0, 100, range_id=7)
-UTC = dt.UTC
+WANTED = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type")
 
 
 def messages(timestamps):
@@ -20,12 +20,12 @@ def messages(timestamps):
             for i, ts in enumerate(timestamps)]
 
 
-def columns(timestamps, wanted=("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type")):
+def columns(timestamps, wanted=WANTED):
     return messages_to_arrow(messages(timestamps), RANGE, wanted).to_pydict()
 
 
 def at(millis):
-    return dt.datetime.fromtimestamp(millis / 1000, UTC)
+    return dt.datetime.fromtimestamp(millis / 1000, dt.UTC)
 
 
 def test_timestamps_are_utc_microseconds_with_their_kinds():
@@ -50,5 +50,4 @@ def test_a_timestamp_before_1970_is_kept():
 
 
 def test_an_empty_chunk_has_empty_columns():
-    assert columns([]) == {name: [] for name in ("range_id", "topic", "partition", "offset", "timestamp",
-                                                 "timestamp_type")}
+    assert columns([]) == {name: [] for name in WANTED}

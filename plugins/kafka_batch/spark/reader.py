@@ -42,7 +42,6 @@ ALL_COLUMNS = tuple(name for name, _, _ in _COLUMNS)
 BASE_COLUMNS = ("range_id", "topic", "partition", "offset", "value")
 _GETTERS = {"offset": Message.offset, "key": Message.key}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
-RECORD_SCHEMA = ", ".join(f"`{name}` {spark}" for name, _, spark in _COLUMNS)
 
 
 def _columns(columns: Iterable[str], fields: dict[str, str] | None) -> list[tuple[str, pa.DataType, str]]:
