@@ -181,14 +181,15 @@ def consume_ranges(consumer: Consumer, ranges):
                 del ends[key]
 
 
-def timed(read, *args) -> tuple[int, float, float]:
-    """(records, wall seconds, CPU seconds of all its threads, librdkafka's too) of one single-process
-    read, in a fresh process started from a nearly idle machine. Run here instead, the reads took up to
+def read_row(name: str, what: str, read, *args) -> dict:
+    """The row of one single-process read: records/s, with its CPU time (all its threads, librdkafka's
+    too), in a fresh process started from a nearly idle machine. Run here instead, the reads took up to
     twice the CPU after the first Spark jobs: this process then holds Spark Connect's and Airflow's
     clients."""
     settle()
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_timed_here, (read, *args))
+        n, s, cpu = pool.apply(_timed_here, (read, *args))
+    return row(name, n / s, "records/s", f"{n:,} records in {s:.1f}s, CPU {cpu:.1f}s ({what})", cpu_seconds=round(cpu, 2))
 
 
 def _timed_here(read, *args) -> tuple[int, float, float]:
@@ -483,18 +484,12 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     runs: dict[str, list[dict]] = defaultdict(list)
     for i, jobs in enumerate(rounds, 1):  # rounds, so that a slow minute of the machine hits every measure alike
         print(f"round {i} of {args.repeat}:", flush=True)
-        n, s, cpu = timed(raw_read, env, big_batch.ranges)
-        raw = row("raw read", n / s, "records/s", f"{n:,} records in {s:.1f}s, CPU {cpu:.1f}s (plain consumer loop)",
-                  cpu_seconds=round(cpu, 2))
-        n, s, cpu = timed(project_read, env, big, big_batch.ranges)
-        row("project reader", n / s, "records/s",
-            f"{n:,} records in {s:.1f}s, CPU {cpu:.1f}s (read_partitions + Arrow + JSON fields, one process)",
-            cpu_seconds=round(cpu, 2))
+        raw = read_row("raw read", "plain consumer loop", raw_read, env, big_batch.ranges)
+        read_row("project reader", "read_partitions + Arrow + JSON fields, one process", project_read, env, big,
+                 big_batch.ranges)
         env.tables += baseline_tables(env, f"baseline_{i}")
-        n, s, cpu = timed(baseline, env, big_batch.ranges, f"baseline_{i}")
-        base = row("plain consumer", n / s, "records/s",
-                   f"{n:,} records in {s:.1f}s, CPU {cpu:.1f}s (consume + json + dict + CAS commit)",
-                   cpu_seconds=round(cpu, 2))
+        base = read_row("plain consumer", "consume + json + dict + CAS commit", baseline, env, big_batch.ranges,
+                        f"baseline_{i}")
         for label, (pipeline, batch) in jobs.items():
             runs[label].append(spark_run(env, pipeline, batch, label))
     # Each job's fastest round; memory: the highest peak of any round.
