@@ -4,7 +4,8 @@ One run produces the data, plans every batch, then measures (each with the load 
   raw read        a plain confluent-kafka loop over the big batch's ranges, one process, no parsing
   project reader  kafka_source.read_partitions + Arrow columns + JSON fields, as a Spark task does it, one process
   plain consumer  what a user would write: consume, json.loads, a dict aggregate, one CAS commit
-  spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate
+  spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate,
+                  and the batch size from which spark-submit reads 1.5x the plain consumer's rate
   many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
   fixed cost      a 1,000-record batch through `kafka-batch run`, with the phases of its timings
   Spark Connect   the small and big runs (small first: a fresh server's first job also compiles its
@@ -351,6 +352,13 @@ def marginal_rate(small: dict, big: dict) -> float:
     return (big["records"] - small["records"]) / max(big["seconds"] - small["seconds"], 1e-9)
 
 
+def breakeven(fixed_s: float, rate: float, baseline_rate: float, ratio: float) -> float:
+    """Records per batch from which a job of `fixed_s` seconds plus `rate` records/s is `ratio` x as fast
+    as the baseline (inf: never)."""
+    gain = 1 / baseline_rate - ratio / rate
+    return ratio * fixed_s / gain if gain > 0 else float("inf")
+
+
 def fixed_cost(env: Env, records: int, spark: str) -> dict:
     name = f"fixed_{spark}"  # a topic and a pipeline of its own for each mode
     topic = f"{env.prefix}_{name}"
@@ -512,6 +520,10 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     marginal_connect = marginal_rate(small_connect_run, big_connect_run)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
     row("spark marginal, Spark Connect", marginal_connect, "records/s", "the same, both jobs via Spark Connect")
+    fixed_s = small_run["seconds"] - small_run["records"] / marginal
+    row("spark-submit 1.5x from", breakeven(fixed_s, marginal, base["value"], 1.5), "records",
+        f"the batch size from which spark-submit reads 1.5x the plain consumer's rate: {fixed_s:.1f} s fixed, then"
+        f" {marginal:,.0f} records/s")
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
     few_run = spark_run(env, few, few_batch, "4 partitions")
     fixed = fixed_cost(env, args.fixed_records, SUBMIT)
