@@ -44,7 +44,7 @@ _READER_DEFAULTS = {
     "group.id": "kafka-batch-range-reader",  # required by librdkafka; nothing is committed to Kafka
     # With its queue full, the fetcher waits this long before it looks again: librdkafka's 1 s can
     # leave a fast reader waiting for records, 0 keeps a core busy looking (a 3M-record read took
-    # 6.5-7.0 s of CPU with 0, 3.9-4.2 s with 10, in the same wall time).
+    # 6.5-7.0 s of CPU with 0, 3.9-4.1 s with 10, in the same wall time).
     "fetch.queue.backoff.ms": 10,
     "queued.min.messages": 200_000,
 }
