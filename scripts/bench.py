@@ -355,7 +355,7 @@ def marginal_rate(small: dict, big: dict) -> float:
 def breakeven(fixed_s: float, rate: float, baseline_rate: float, ratio: float) -> float:
     """Records per batch from which a job of `fixed_s` seconds plus `rate` records/s is `ratio` x as fast
     as the baseline (inf: never)."""
-    gain = 1 / baseline_rate - ratio / rate
+    gain = 1 / baseline_rate - ratio / rate if rate > 0 else 0
     return ratio * fixed_s / gain if gain > 0 else float("inf")
 
 
@@ -447,6 +447,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
     args = parser.parse_args()
+    if args.small >= args.records:
+        parser.error(f"--small ({args.small}) must be below --records ({args.records}): the marginal rate is their difference")
 
     prefix = f"bench_{uuid.uuid4().hex[:8]}"
     pipelines = Path(tempfile.mkdtemp(prefix="kafka_batch_bench_"))
