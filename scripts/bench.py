@@ -348,8 +348,11 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
 
 
 def marginal_rate(small: dict, big: dict) -> float:
-    """Records/s of the records the big job reads beyond the small one: the rate without the fixed cost."""
-    return (big["records"] - small["records"]) / max(big["seconds"] - small["seconds"], 1e-9)
+    """Records/s of the records the big job reads beyond the small one: the rate without the fixed cost.
+    NaN (no target passes on it) when the big job was not slower, e.g. the small one was a fresh Spark
+    Connect server's first job."""
+    extra = big["seconds"] - small["seconds"]
+    return (big["records"] - small["records"]) / extra if extra > 0 else float("nan")
 
 
 def breakeven(fixed_s: float, rate: float, baseline_rate: float, ratio: float) -> float:
