@@ -48,7 +48,7 @@ from psycopg2 import sql
 from kafka_batch import connections, timings
 from kafka_batch.cli import submit_batch
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
-from kafka_batch.core import planning, store
+from kafka_batch.core import attempts, batches, database, planning
 from kafka_batch.core.commit import commit_batch
 from kafka_batch.kafka_source import KafkaOffsets, reader_config
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
@@ -124,7 +124,7 @@ class Env:
         return pipeline
 
     def plan(self, pipeline):
-        conn = store.connect(self.postgres)
+        conn = database.connect(self.postgres)
         try:
             return planning.plan_batch(conn, KafkaOffsets(self.kafka), pipeline, run_id="bench")
         finally:
@@ -330,8 +330,8 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
             seconds = time.monotonic() - started
     finally:
         os.environ.pop(timings.ENV, None)
-    conn = store.connect(env.postgres)
-    committed = store.load_batch(conn, batch.id)
+    conn = database.connect(env.postgres)
+    committed = batches.load_batch(conn, batch.id)
     with conn.cursor() as cur:
         cur.execute("SELECT read_tasks FROM kafka_batch.batches WHERE id = %s", (batch.id,))
         [(read_tasks,)] = cur.fetchall()
@@ -396,7 +396,7 @@ def contributions_size(env: Env, pipeline, records: int) -> None:
     """The per-range contributions a batch leaves (what the replay horizon folds), per million records."""
     [sink] = pipeline.sinks
     table = sql.Identifier("kafka_batch", sink.contributions_name)
-    conn = store.connect(env.postgres)
+    conn = database.connect(env.postgres)
     with conn, conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT pg_total_relation_size(%s), count(*) FROM {}").format(table), (table.as_string(cur),))
         size, rows = cur.fetchone()
@@ -423,9 +423,9 @@ def commit_rows(env: Env, rows: int) -> float:
         "total_duration_ms": pa.array([i for i in range(rows)], pa.int64()),
     })
     counts = {rid: RangeCounts(records=10) for rid in ids}
-    conn = store.connect(env.postgres)
+    conn = database.connect(env.postgres)
     try:
-        attempt = store.claim_attempt(conn, batch.id)
+        attempt = attempts.claim_attempt(conn, batch.id)
         settle()  # timed from a nearly idle machine
         started = time.monotonic()
         commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": SinkOutput(counts, result)}, 1)
@@ -562,7 +562,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
                                      "measures": ROWS, "targets": results}, indent=2, default=str))
     print(f"\nwritten to {args.json}")
 
-    conn = store.connect(env.postgres)
+    conn = database.connect(env.postgres)
     with conn, conn.cursor() as cur:
         for schema, table in env.tables:
             cur.execute(f'DROP TABLE IF EXISTS "{schema}"."{table}"')

@@ -564,10 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     env = chaos_environment()
     from kafka_batch.config import load_pipeline  # setup only: schema and tables exist before the first fault
-    from kafka_batch.core import store
+    from kafka_batch.core import database, registry
 
     conn = psycopg2.connect(**pg_params())
-    store.apply_migrations(conn)
+    database.apply_migrations(conn)
     conn.close()
     # The suite's pipelines live in a directory of their own, never among the project's pipelines.
     pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         path = pipelines_dir / f"{pipeline}.yaml"
         path.write_text(yaml.safe_dump(definition, sort_keys=False))
         conn = psycopg2.connect(**pg_params())
-        store.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
+        registry.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
         conn.close()
         memory = Memory()
         try:

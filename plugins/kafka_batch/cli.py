@@ -28,18 +28,18 @@ from tabulate import tabulate
 
 from kafka_batch import connections, timings
 from kafka_batch.config import load_pipeline, optional_time_ms
-from kafka_batch.core import inspection, planning, report, resets, store
+from kafka_batch.core import database, inspection, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import KafkaBatchError, ServiceError, one_line
 from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets
-from kafka_batch.spark import submit
+from kafka_batch.spark.execution import batch_execution
 
 
 def _services(pipeline):
     postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
     kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)),
                          timeout=pipeline.read.kafka_timeout_seconds)
-    return store.connect(postgres), kafka
+    return database.connect(postgres), kafka
 
 
 def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = True) -> None:
@@ -54,7 +54,7 @@ def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = 
     except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
         spark = None
     with _spark_output(pipeline.name, batch_id, verbose) as logger, \
-            submit.batch_execution(pipeline, batch_id, postgres, kafka, spark, mode=mode, log=logger) as execution:
+            batch_execution(pipeline, batch_id, postgres, kafka, spark, mode=mode, log=logger) as execution:
         timings.mark("submit_start")
         execution.run()
         timings.mark("submit_done")
@@ -308,8 +308,8 @@ def cmd_quarantine(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, _ = _services(pipeline)
     try:
-        with store.transaction(conn) as cur:
-            rows = store.quarantined(cur, pipeline.name, args.last)
+        with database.transaction(conn) as cur:
+            rows = quarantine.newest(cur, pipeline.name, args.last)
     finally:
         conn.close()
     if not rows:

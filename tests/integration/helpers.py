@@ -272,9 +272,9 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -
 
 def store_connection():
     """A connection as the project opens it (transactions managed by kafka_batch.core.store)."""
-    from kafka_batch.core import store
+    from kafka_batch.core import database
 
-    return store.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
+    return database.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))
 
 
 def update_pipeline(name: str, **changes):

@@ -17,13 +17,14 @@ import pyarrow as pa
 import pytest
 
 from kafka_batch import connections
-from kafka_batch.core import planning, store
+from kafka_batch.core import attempts, batches, database, ledger, planning, registry
 from kafka_batch.core.commit import commit_batch, preview_replay, retire_ranges
-from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core.positions import store_initial_positions
 from kafka_batch.core.resets import reset_positions
 from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
 from kafka_batch.errors import FencedAttempt, InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.aggregate import AggregateSink
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
 from kafka_batch.sinks.rows import RowsSink, StagedRows, stage_rows
@@ -56,10 +57,10 @@ def _sink(pipeline, kind):
 def _plan(conn, pipeline, run_id, ranges):
     """Persist hand-made ranges (starting positions stored as planning stores them)."""
     planning.prepare(conn, pipeline)
-    with store.transaction(conn) as cur:
-        store.lock_pipeline(cur, pipeline.name)
-        store.store_initial_positions(cur, pipeline.name, {(r.topic, r.partition): r.from_offset for r in ranges})
-        return store.insert_batch(cur, pipeline, run_id, None, ranges)
+    with database.transaction(conn) as cur:
+        registry.lock_pipeline(cur, pipeline.name)
+        store_initial_positions(cur, pipeline.name, {(r.topic, r.partition): r.from_offset for r in ranges})
+        return batches.insert_batch(cur, pipeline, run_id, None, ranges)
 
 
 def _aggregate_output(batch, views_per_range: int, page: str = "/") -> SinkOutput:
@@ -108,7 +109,7 @@ def _outputs(pipeline, batch, attempt, views: int, page: str = "/") -> dict:
 def _committed(conn, pipeline, run_id: str, ranges: list[OffsetRange], views: int, page: str = "/"):
     """Plan hand-made ranges and commit both sinks' hand-made outputs for them."""
     batch = _plan(conn, pipeline, run_id, ranges)
-    attempt = store.claim_attempt(conn, batch.id)
+    attempt = attempts.claim_attempt(conn, batch.id)
     commit_batch(conn, pipeline, batch.id, attempt, _outputs(pipeline, batch, attempt, views, page))
     return batch
 
@@ -130,7 +131,7 @@ def test_commit_moves_positions_and_every_sink_once(services):
     topic = pipeline.topics[0]
     conn = store_connection()
     batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10), OffsetRange(topic, 1, 0, 10)])
-    attempt = store.claim_attempt(conn, batch.id)
+    attempt = attempts.claim_attempt(conn, batch.id)
     outputs = _outputs(pipeline, batch, attempt, 7)
     result = commit_batch(conn, pipeline, batch.id, attempt, outputs, read_tasks=2)
     assert (result.records, result.rows_written) == (14, 2 + 14)
@@ -149,7 +150,7 @@ def test_commit_moves_positions_and_every_sink_once(services):
     before = _state(pipeline)
     for n, start in enumerate((5, 12)):
         wrong = _plan(conn, pipeline, f"wrong{n}", [OffsetRange(topic, 0, start, start + 10)])
-        attempt = store.claim_attempt(conn, wrong.id)
+        attempt = attempts.claim_attempt(conn, wrong.id)
         with pytest.raises(StateError, match=rf"{topic}\[0\] {start}..{start + 10} expected position {start} but found"
                                              r" stored position 10"):
             commit_batch(conn, pipeline, wrong.id, attempt, _outputs(pipeline, wrong, attempt, 3))
@@ -157,7 +158,7 @@ def test_commit_moves_positions_and_every_sink_once(services):
     # One statement moves every range: one range that does not match (partition 1) and the one that
     # does (partition 0) does not move either.
     wrong = _plan(conn, pipeline, "wrong_one_of_two", [OffsetRange(topic, 0, 10, 20), OffsetRange(topic, 1, 5, 15)])
-    attempt = store.claim_attempt(conn, wrong.id)
+    attempt = attempts.claim_attempt(conn, wrong.id)
     with pytest.raises(StateError, match=rf"{topic}\[1\] 5..15 expected position 5 but found stored position 10"):
         commit_batch(conn, pipeline, wrong.id, attempt, _outputs(pipeline, wrong, attempt, 3))
     assert _state(pipeline) == before
@@ -169,7 +170,7 @@ def test_staged_rows_that_are_not_the_counted_records_are_refused(services):
     topic = pipeline.topics[0]
     conn = store_connection()
     batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
-    attempt = store.claim_attempt(conn, batch.id)
+    attempt = attempts.claim_attempt(conn, batch.id)
     outputs = _outputs(pipeline, batch, attempt, 7)
     stage = outputs["rows"].result.stage
     lost = pg_connect()
@@ -187,9 +188,9 @@ def test_a_stale_attempt_cannot_commit_and_its_staged_rows_are_never_moved(servi
     topic = pipeline.topics[0]
     conn = store_connection()
     batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5)])
-    old = store.claim_attempt(conn, batch.id)
+    old = attempts.claim_attempt(conn, batch.id)
     zombie = _outputs(pipeline, batch, old, 5, page="/zombie")
-    new = store.claim_attempt(conn, batch.id)
+    new = attempts.claim_attempt(conn, batch.id)
     with pytest.raises(FencedAttempt, match=f"attempt {old} is stale"):
         commit_batch(conn, pipeline, batch.id, old, zombie)
     assert positions(pipeline.name) == {(topic, 0): 0} and rows_contents(pipeline) == {}
@@ -199,7 +200,7 @@ def test_a_stale_attempt_cannot_commit_and_its_staged_rows_are_never_moved(servi
     assert table_contents(pipeline) == {("/", MINUTE): (5, 50)}
     # A committed batch cannot start another attempt.
     with pytest.raises(StateError, match=f"batch {batch.id} is committed; it can no longer be executed"):
-        store.claim_attempt(conn, batch.id)
+        attempts.claim_attempt(conn, batch.id)
     conn.close()
 
 
@@ -215,20 +216,20 @@ def test_statuses_move_only_as_the_table_allows(services):
     pipeline = new_pipeline("states", partitions=0)
     conn = store_connection()
     batch = _plan(conn, pipeline, "r1", [OffsetRange(pipeline.topics[0], 0, 0, 5)])
-    attempt = store.claim_attempt(conn, batch.id)
-    store.mark_failed(conn, batch.id, attempt, "boom")
-    assert store.load_batch(conn, batch.id).status == BatchStatus.FAILED
+    attempt = attempts.claim_attempt(conn, batch.id)
+    attempts.mark_failed(conn, batch.id, attempt, "boom")
+    assert batches.load_batch(conn, batch.id).status == BatchStatus.FAILED
     commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": _aggregate_output(batch, 1)})
-    store.mark_failed(conn, batch.id, attempt, "too late")  # committed is final: nothing changes
-    committed = store.load_batch(conn, batch.id)
+    attempts.mark_failed(conn, batch.id, attempt, "too late")  # committed is final: nothing changes
+    committed = batches.load_batch(conn, batch.id)
     assert (committed.status, committed.error) == (BatchStatus.COMMITTED, None)
-    with store.transaction(conn) as cur:
-        assert not store.set_status(cur, batch.id, BatchStatus.SUPERSEDED)
+    with database.transaction(conn) as cur:
+        assert not batches.set_status(cur, batch.id, BatchStatus.SUPERSEDED)
     # Superseding a failed batch keeps its diagnosis.
     failed = _plan(conn, pipeline, "r2", [OffsetRange(pipeline.topics[0], 0, 5, 9)])
-    store.mark_failed(conn, failed.id, store.claim_attempt(conn, failed.id), "ValueError: the first diagnosis")
+    attempts.mark_failed(conn, failed.id, attempts.claim_attempt(conn, failed.id), "ValueError: the first diagnosis")
     _plan(conn, pipeline, "r3", [OffsetRange(pipeline.topics[0], 0, 5, 9)])
-    superseded = store.load_batch(conn, failed.id)
+    superseded = batches.load_batch(conn, failed.id)
     assert superseded.status == BatchStatus.SUPERSEDED
     assert superseded.error == "superseded by a newer plan; it had failed: ValueError: the first diagnosis"
     conn.close()
@@ -242,11 +243,11 @@ def test_sinks_remove_exactly_the_ranges_they_are_given(services):
     second = _committed(conn, pipeline, "r2", [OffsetRange(topic, 0, 10, 20)], 3, page="/a")
     assert table_contents(pipeline) == {("/a", MINUTE): (7, 70)}
 
-    with store.transaction(conn) as cur:
+    with database.transaction(conn) as cur:
         retire_ranges(cur, pipeline, list(first.ranges), "test")
     assert table_contents(pipeline) == {("/a", MINUTE): (3, 30)}
     assert sorted(rows_contents(pipeline)) == [(topic, 0, o) for o in (10, 11, 12)]
-    with store.transaction(conn) as cur:
+    with database.transaction(conn) as cur:
         retire_ranges(cur, pipeline, list(second.ranges), "test")
     assert table_contents(pipeline) == {} and rows_contents(pipeline) == {}  # keys left with nothing disappear
     conn.close()
@@ -259,16 +260,16 @@ def test_a_replay_swaps_and_its_preview_changes_nothing(services):
     _committed(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)], 4, page="/old")
 
     def replay(run_id):
-        with store.transaction(conn) as cur:
-            replayed = store.live_ranges(cur, pipeline.name, topic, 0)
-            return store.insert_replay(cur, pipeline, run_id, None, replayed, "test", "test")
+        with database.transaction(conn) as cur:
+            replayed = ledger.live_ranges(cur, pipeline.name, topic, 0)
+            return batches.insert_replay(cur, pipeline, run_id, None, replayed, "test", "test")
 
     dry = replay("dry")
-    attempt = store.claim_attempt(conn, dry.id)
+    attempt = attempts.claim_attempt(conn, dry.id)
     before = _state(pipeline)
     result = preview_replay(conn, pipeline, dry.id, attempt, _outputs(pipeline, dry, attempt, 4, page="/new"))
-    assert _state(pipeline) == before and store.load_batch(conn, dry.id).status == BatchStatus.PREVIEWED
-    previews = store.replay_preview(conn, dry.id)
+    assert _state(pipeline) == before and batches.load_batch(conn, dry.id).status == BatchStatus.PREVIEWED
+    previews = batches.replay_preview(conn, dry.id)
     aggregate = [p for p in previews if p["table"] == _sink(pipeline, "aggregate").table]
     assert [(p["group_key"]["page"], p["before"], p["after"]) for p in aggregate] == [
         ("/new", None, {"views": 4, "total_duration_ms": 40}), ("/old", {"views": 4, "total_duration_ms": 40}, None)]
@@ -277,7 +278,7 @@ def test_a_replay_swaps_and_its_preview_changes_nothing(services):
     assert result.rows_written == len(previews)
 
     real = replay("real")
-    attempt = store.claim_attempt(conn, real.id)
+    attempt = attempts.claim_attempt(conn, real.id)
     commit_batch(conn, pipeline, real.id, attempt, _outputs(pipeline, real, attempt, 4, page="/new"))
     assert table_contents(pipeline) == {("/new", MINUTE): (4, 40)}
     assert {v[1] for v in rows_contents(pipeline).values()} == {"/new"}
@@ -292,9 +293,9 @@ def test_a_batch_keeps_the_definition_it_was_planned_with(services):
     batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 5)])
     changed = update_pipeline(pipeline.name, limits={"max_records_per_task": 3})  # an operator edits the YAML
     assert changed.definition_hash != pipeline.definition_hash
-    planned = store.batch_pipeline(conn, store.load_batch(conn, batch.id))
+    planned = batches.batch_pipeline(conn, batches.load_batch(conn, batch.id))
     assert planned == pipeline and planned.limits.max_records_per_task == pipeline.limits.max_records_per_task
-    attempt = store.claim_attempt(conn, batch.id)
+    attempt = attempts.claim_attempt(conn, batch.id)
     commit_batch(conn, planned, batch.id, attempt, {"aggregate": _aggregate_output(batch, 2)})
     assert query("SELECT definition_hash FROM kafka_batch.ledger WHERE batch_id = %s", batch.id) == [
         (pipeline.definition_hash,)]
@@ -309,11 +310,11 @@ def test_a_table_with_other_columns_is_refused_with_how_to_migrate(services):
     planning.prepare(conn, pipeline)
     sink = _sink(pipeline, "rows")
     narrower = RowsSink(sink.table, sink.columns[:1])
-    with pytest.raises(Exception, match=r"exists with columns .* Migrate it first"), store.transaction(conn) as cur:
+    with pytest.raises(Exception, match=r"exists with columns .* Migrate it first"), database.transaction(conn) as cur:
         narrower.create(cur, pipeline.name)
     aggregate = _sink(pipeline, "aggregate")
     renamed = AggregateSink(aggregate.table, aggregate.group_by[:1], aggregate.measures)
-    with pytest.raises(Exception, match=rf"table public.{aggregate.table} exists"), store.transaction(conn) as cur:
+    with pytest.raises(Exception, match=rf"table public.{aggregate.table} exists"), database.transaction(conn) as cur:
         renamed.create(cur, pipeline.name)
     conn.close()
 
@@ -331,7 +332,7 @@ def test_a_retried_run_gets_the_same_plan(services):
     # A new run plans from the stored positions (none yet) up to the new end, and fences the old plan.
     newer = planning.plan_batch(conn, kafka, pipeline, run_id="run-2")
     assert newer.span == 500
-    assert store.load_batch(conn, first.id).status == BatchStatus.SUPERSEDED
+    assert batches.load_batch(conn, first.id).status == BatchStatus.SUPERSEDED
     # Run ids are unique per DAG only: another DAG's run with the same id is another run.
     elsewhere = planning.plan_batch(conn, kafka, pipeline, run_id="run-2", dag_id="another_dag")
     assert elsewhere.id != newer.id
@@ -344,7 +345,7 @@ def test_quarantined_records_commit_with_the_batch_and_leave_with_their_range(se
     topic = pipeline.topics[0]
     conn = store_connection()
     batch = _plan(conn, pipeline, "r1", [OffsetRange(topic, 0, 0, 10)])
-    attempt = store.claim_attempt(conn, batch.id)
+    attempt = attempts.claim_attempt(conn, batch.id)
     [range_id] = [r.range_id for r in batch.ranges]
     bad = pa.table({
         "range_id": pa.array([range_id, range_id], pa.int64()), "topic": [topic, topic],
@@ -363,7 +364,7 @@ def test_quarantined_records_commit_with_the_batch_and_leave_with_their_range(se
         (8, None, b"{}", 2, "tab\there, newline\nthere, backslash \\", batch.id, None)]
     assert query("SELECT records_read, records_invalid FROM kafka_batch.batch_ranges WHERE id = %s", range_id) == [(2, 2)]
     assert query("SELECT records_invalid FROM kafka_batch.batches WHERE id = %s", batch.id) == [(2,)]
-    with store.transaction(conn) as cur:
+    with database.transaction(conn) as cur:
         retire_ranges(cur, pipeline, list(batch.ranges), "test")  # a replay or rewind decides anew
     assert query("SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %s", pipeline.name) == [(0,)]
     conn.close()
@@ -382,7 +383,7 @@ def test_status_never_waits_behind_a_running_commit(services):
         cur.execute("SELECT 1 FROM kafka_batch.pipelines WHERE name = %s FOR UPDATE", (pipeline.name,))
         cur.execute(f"LOCK TABLE public.{sink_table(pipeline, 'aggregate')} IN ROW EXCLUSIVE MODE")
         cur.execute(f"LOCK TABLE public.{sink_table(pipeline, 'rows')} IN ROW EXCLUSIVE MODE")
-        with store.transaction(conn) as reading:
+        with database.transaction(conn) as reading:
             reading.execute("SET lock_timeout = '2s'")  # the session waits 2 s at most, then fails
         rows = report.status(conn, KafkaOffsets(kafka_config()), pipeline)
     committing.rollback()
@@ -470,10 +471,10 @@ def test_ranges_beyond_the_replay_horizon_fold_keeping_the_totals_and_refuse_rep
     assert [b for (b,) in folded if b in {x.id for x in batches}] == [batches[0].id, batches[1].id]
 
     # A range inside the horizon still leaves exactly; the base keeps the key alive.
-    with store.transaction(conn) as cur:
+    with database.transaction(conn) as cur:
         retire_ranges(cur, pipeline, list(batches[3].ranges), "test")
     assert table_contents(pipeline) == {("/a", MINUTE): (6, 60)}
-    with store.transaction(conn) as cur:
+    with database.transaction(conn) as cur:
         retire_ranges(cur, pipeline, list(batches[2].ranges), "test")
     assert table_contents(pipeline) == {("/a", MINUTE): (3, 30)}
     assert sorted(o for _, _, o in rows_contents(pipeline)) == [0, 10, 11]  # the rows sink removes by offset

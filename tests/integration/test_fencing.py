@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_batch import connections
-from kafka_batch.core import store
-from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core import attempts
 from kafka_batch.errors import FencedAttempt
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.spark.job import run_batch
 from tests.integration.helpers import batches_of, create_topic, kafka_config, new_pipeline, positions, store_connection
 from tests.integration.test_core import _plan
@@ -52,11 +52,11 @@ def test_a_zombie_attempt_stops_early_when_fenced(services, spark, fence):
 
     thread = threading.Thread(target=zombie)
     thread.start()
-    while store.current_attempt(conn, batch.id)[0] != 1:
+    while attempts.current_attempt(conn, batch.id)[0] != 1:
         time.sleep(0.2)
     time.sleep(3)  # the first attempt is reading
     if fence == "newer attempt":
-        assert store.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
+        assert attempts.claim_attempt(conn, batch.id) == 2  # what an Airflow retry does when it starts
         expected, status = "the batch is now attempt 2 (planned)", "planned"  # the newer attempt still owns it
     else:
         _plan(conn, pipeline, "r2", [OffsetRange(topic, 0, 0, 6)])  # a newer plan supersedes the batch

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.errors import DataLossError
 from kafka_batch.kafka_source import read_range
+from kafka_batch.ranges import OffsetRange
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     batches_of,

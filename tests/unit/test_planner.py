@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.core.ranges import (
+from kafka_batch.errors import DataLossError, InputError, StateError
+from kafka_batch.ranges import (
     OffsetRange,
     PartitionState,
     fair_shares,
@@ -14,7 +15,6 @@ from kafka_batch.core.ranges import (
     recheck_retention,
     split_for_tasks,
 )
-from kafka_batch.errors import DataLossError, InputError, StateError
 
 
 def state(partition, position, log_start=0, last_stable=100, topic="t"):

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
-from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.spark.reader import messages_to_arrow
 
 RANGE = OffsetRange("t", 3, 0, 100, range_id=7)

@@ -10,6 +10,7 @@ from pathlib import Path
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.connections import ConnectionFields
 from kafka_batch.spark import jvm_archive, submit
+from kafka_batch.spark.execution import batch_execution
 
 SECRET = "pw-that-must-not-show"
 
@@ -41,7 +42,7 @@ def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatc
     given = {}
     for deploy_mode in ("client", "cluster"):
         spark = ConnectionFields("spark_default", "spark", "spark://m:7077", extra={"deploy-mode": deploy_mode})
-        with submit.batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
+        with batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
             given[deploy_mode] = execution.hook._env_vars.get("SPARK_SUBMIT_OPTS", "")
     assert "-XX:ArchiveClassesAtExit=" in given["client"]  # no archive yet: this run would write it
     assert given["cluster"] == ""  # the driver runs elsewhere, where the archive is not
@@ -77,7 +78,7 @@ def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monk
                         ("standalone", ConnectionFields("spark_default", "spark", "spark://m:7077")),
                         ("yarn", ConnectionFields("spark_default", "spark", "yarn")),
                         ("missing", None)]:  # the provider's hook then submits to YARN
-        with submit.batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
+        with batch_execution(pipeline, 7, postgres, kafka, spark) as execution:
             homes[name] = Path(execution.hook._env_vars["SPARK_HOME"])
     assert homes["local"] == homes["standalone"] and homes["local"].parent == tmp_path / "kafka_batch"
     for name in ("yarn", "missing"):  # "pyspark.zip not found; cannot run pyspark application in YARN mode"

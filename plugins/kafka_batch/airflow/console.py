@@ -73,7 +73,7 @@ class _Services:
 
     def __init__(self, pipeline, conns: list) -> None:
         from kafka_batch import connections
-        from kafka_batch.core import store
+        from kafka_batch.core import database
         from kafka_batch.kafka_source import KafkaOffsets
 
         self.conns = conns  # what was resolved so far, for scrubbing an error raised further on
@@ -85,7 +85,7 @@ class _Services:
         params = connections.postgres_params(postgres)
         params.setdefault("connect_timeout", POSTGRES_CONNECT_TIMEOUT_SECONDS)
         params.setdefault("application_name", "kafka-batch-console")
-        self.conn = store.connect(params)
+        self.conn = database.connect(params)
         self._kafka_offsets = None
         self._KafkaOffsets = KafkaOffsets
 

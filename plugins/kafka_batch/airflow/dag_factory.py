@@ -34,13 +34,13 @@ BATCH_PARAMS = {
 
 def _services(pipeline: Pipeline):
     from kafka_batch import connections
-    from kafka_batch.core import store
+    from kafka_batch.core import database
     from kafka_batch.kafka_source import KafkaOffsets
 
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
     kafka = KafkaOffsets(connections.kafka_config(connections.from_airflow(pipeline.connections.kafka)),
                          timeout=pipeline.read.kafka_timeout_seconds)
-    return store.connect(postgres), kafka
+    return database.connect(postgres), kafka
 
 
 def _fail_fast(function):

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundExceptio
 from kafka_batch import connections
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
-from kafka_batch.spark import submit
+from kafka_batch.spark.execution import batch_execution
 
 
 class BatchSparkSubmitOperator(BaseOperator):
@@ -47,7 +47,7 @@ class BatchSparkSubmitOperator(BaseOperator):
         except AirflowNotFoundException:  # spark-submit with its defaults, as the provider's hook does
             spark = None
         batch_id = int(self.batch_id)
-        with submit.batch_execution(self.pipeline, batch_id, postgres, kafka, spark, mode=self.mode,
+        with batch_execution(self.pipeline, batch_id, postgres, kafka, spark, mode=self.mode,
                                     try_number=context["ti"].try_number) as execution:
             self._execution = execution
             try:
@@ -60,11 +60,11 @@ class BatchSparkSubmitOperator(BaseOperator):
 
     def _announce(self, context, postgres: dict, batch_id: int) -> None:
         """Attach the batch to each outlet's event; anything but a commit skips the task (no event)."""
-        from kafka_batch.core import store
+        from kafka_batch.core import batches, database
 
-        conn = store.connect(postgres)
+        conn = database.connect(postgres)
         try:
-            batch = store.load_batch(conn, batch_id)
+            batch = batches.load_batch(conn, batch_id)
         finally:
             conn.close()
         if batch.status != "committed":

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
-from kafka_batch.core.ranges import OffsetRange
+from kafka_batch.core import attempts, batches, data_loss, ledger, positions, quarantine
+from kafka_batch.core.database import transaction
 from kafka_batch.core.state import BatchStatus
-from kafka_batch.core.store import transaction
 from kafka_batch.errors import StateError
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
 
 
@@ -35,14 +35,14 @@ def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by
     """Committed ranges leave every sink's output (exactly) and the live ledger."""
     for sink in pipeline.sinks:
         sink.remove(cur, ranges)
-    store.retire(cur, [r.range_id for r in ranges], retired_by)
+    ledger.retire(cur, [r.range_id for r in ranges], retired_by)
 
 
 def _replaced(cur, batch_id: int) -> list[OffsetRange]:
     """The live ranges a replay recomputes; refused if one was retired, or folded (it left the replay
     horizon), since the replay was planned."""
-    replaced = store.replaced_ranges(cur, batch_id, lock=True)
-    folded = store.folded(cur, [r.range_id for r, _ in replaced])
+    replaced = ledger.replaced_ranges(cur, batch_id, lock=True)
+    folded = ledger.folded(cur, [r.range_id for r, _ in replaced])
     for r, retired_by in replaced:
         if retired_by is not None or r.range_id in folded:
             why = f"retired by {retired_by}" if retired_by is not None else "folded (it left the replay horizon)"
@@ -55,15 +55,15 @@ def _replaced(cur, batch_id: int) -> list[OffsetRange]:
 
 def fold_beyond_horizon(cur, pipeline: Pipeline) -> int:
     """Inside the commit: ranges that left the replay horizon fold into every sink's base; returns how many."""
-    range_ids = store.ranges_beyond(cur, pipeline.name, pipeline.replayable)
+    range_ids = ledger.ranges_beyond(cur, pipeline.name, pipeline.replayable)
     if range_ids:
         for sink in pipeline.sinks:
             sink.fold(cur, range_ids)
-        store.mark_folded(cur, range_ids)
+        ledger.mark_folded(cur, range_ids)
     return len(range_ids)
 
 
-def _counts(batch: store.Batch, outputs: Mapping[str, SinkOutput]) -> dict[int, RangeCounts]:
+def _counts(batch: batches.Batch, outputs: Mapping[str, SinkOutput]) -> dict[int, RangeCounts]:
     """Per range, what the sinks counted: they read the same records, so they must agree."""
     counted = [output.counts for output in outputs.values()]
     counts = counted[0] if counted else {}
@@ -88,20 +88,20 @@ def commit_batch(
     """Commit one attempt of a batch (with the records it quarantined). Committed already: a no-op success."""
     _check_outputs(pipeline, outputs)
     with transaction(conn) as cur:
-        batch = store.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
+        batch = attempts.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
         if batch.status == BatchStatus.COMMITTED:
             return CommitResult(batch_id, True, batch.records_read or 0, 0)
         counts = _counts(batch, outputs)
         if batch.kind == "replay":
             retire_ranges(cur, pipeline, _replaced(cur, batch_id), f"replay batch {batch_id}")
         else:
-            store.move_positions(cur, pipeline.name, batch_id, batch.ranges)
+            positions.move_positions(cur, pipeline.name, batch_id, batch.ranges)
         rows = sum(sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks)
         if quarantined is not None:
-            store.quarantine(cur, pipeline.name, batch_id, quarantined)
-        store.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
-        store.record_data_loss(cur, pipeline.name, batch_id)
-        store.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
+            quarantine.keep(cur, pipeline.name, batch_id, quarantined)
+        ledger.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
+        data_loss.record_data_loss(cur, pipeline.name, batch_id)
+        batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
         fold_beyond_horizon(cur, pipeline)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), rows)
 
@@ -116,11 +116,11 @@ def preview_replay(
     """
     _check_outputs(pipeline, outputs)
     with transaction(conn) as cur:
-        batch = store.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
+        batch = attempts.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
         if batch.kind != "replay" or batch.status == BatchStatus.COMMITTED:
             raise StateError(f"batch {batch_id} is a {batch.status} {batch.kind}; only a planned replay can be previewed")
         counts = _counts(batch, outputs)
-        replaced = [r for r, _ in store.replaced_ranges(cur, batch_id)]
+        replaced = [r for r, _ in ledger.replaced_ranges(cur, batch_id)]
         changed = sum(sink.preview(cur, batch_id, replaced, outputs[sink.kind].result) for sink in pipeline.sinks)
-        store.finish(cur, batch, BatchStatus.PREVIEWED, counts, read_tasks)
+        batches.finish(cur, batch, BatchStatus.PREVIEWED, counts, read_tasks)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), changed)

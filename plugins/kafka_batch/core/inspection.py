@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
+from kafka_batch.core import database, positions
 from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.errors import StateError
 from kafka_batch.kafka_source import KafkaOffsets, first_timestamps
@@ -32,7 +32,7 @@ def reading(conn) -> Iterator:
 
 def check_schema(conn) -> None:
     """Refuse to read a database the pipelines have not migrated (yet) to this version's schema."""
-    if store.pending_migrations(conn):
+    if database.pending_migrations(conn):
         raise StateError("the kafka_batch schema is not migrated to this version yet; the next batch migrates it")
 
 
@@ -50,7 +50,7 @@ def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline
     """
     view = ask_kafka(conn, kafka, pipeline)
     with reading(conn) as cur:
-        stored = store.read_positions(cur, pipeline.name)
+        stored = positions.read_positions(cur, pipeline.name)
         states, _ = partition_states(cur, pipeline, view)
         cur.execute("SELECT topic, partition, batch_id, updated_at FROM kafka_batch.offsets WHERE pipeline = %s",
                     (pipeline.name,))

@@ -12,17 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
-from kafka_batch.core.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
-from kafka_batch.core.store import Batch, transaction
+from kafka_batch.core import batches, database, ledger, positions, registry
+from kafka_batch.core.batches import Batch
+from kafka_batch.core.database import transaction
 from kafka_batch.errors import InputError
 from kafka_batch.kafka_source import KafkaOffsets, PartitionOffsets
+from kafka_batch.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
 
 
 def prepare(conn, pipeline: Pipeline) -> None:
     """Schema migrations and the pipeline's tables; idempotent, cheap when nothing changes."""
-    store.apply_migrations(conn)
-    store.ensure_pipeline(conn, pipeline)
+    database.apply_migrations(conn)
+    registry.ensure_pipeline(conn, pipeline)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def ask_kafka(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> LogView:
     start_offsets = dict(pipeline.start.offsets)
     if pipeline.start.kind == "timestamp":
         with transaction(conn) as cur:
-            started = bool(store.read_positions(cur, pipeline.name))
+            started = bool(positions.read_positions(cur, pipeline.name))
         if not started:
             start_offsets = kafka.offsets_at_time(partitions, pipeline.start.timestamp_ms)
     return LogView(offsets, start_offsets)
@@ -55,9 +56,9 @@ def partition_states(cur, pipeline: Pipeline, view: LogView) -> tuple[list[Parti
 
     Also returns the initial positions that are not stored yet, for the caller to store or not.
     """
-    positions = store.read_positions(cur, pipeline.name)
+    stored = positions.read_positions(cur, pipeline.name)
     states = [
-        PartitionState(t, p, positions.get((t, p)), o.log_start, o.last_stable) for (t, p), o in view.offsets.items()
+        PartitionState(t, p, stored.get((t, p)), o.log_start, o.last_stable) for (t, p), o in view.offsets.items()
     ]
     kind = "offsets" if pipeline.start.kind == "timestamp" else pipeline.start.kind
     initial = initial_positions(states, kind, pipeline.new_partitions, view.start_offsets)
@@ -77,7 +78,7 @@ def lag_of(states: list[PartitionState]) -> int:
 
 def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
     """What the next batch would read, and the lag; nothing is stored (not even initial positions)."""
-    store.apply_migrations(conn)
+    database.apply_migrations(conn)
     view = ask_kafka(conn, kafka, pipeline)
     with transaction(conn) as cur:
         states, _ = partition_states(cur, pipeline, view)
@@ -100,16 +101,16 @@ def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: C
     so an unknown topic changes nothing; planning then holds the pipeline's lock, so concurrent runs
     plan one after the other from fresh positions.
     """
-    store.apply_migrations(conn)
+    database.apply_migrations(conn)
     with transaction(conn) as cur:
-        existing = store.find_batch(cur, pipeline.name, dag_id, run_id)
+        existing = batches.find_batch(cur, pipeline.name, dag_id, run_id)
     if existing is not None:
         return existing
     asked = ask()
-    store.ensure_pipeline(conn, pipeline)
+    registry.ensure_pipeline(conn, pipeline)
     with transaction(conn) as cur:
-        store.lock_pipeline(cur, pipeline.name)
-        existing = store.find_batch(cur, pipeline.name, dag_id, run_id)
+        registry.lock_pipeline(cur, pipeline.name)
+        existing = batches.find_batch(cur, pipeline.name, dag_id, run_id)
         return existing if existing is not None else plan(cur, asked)
 
 
@@ -118,8 +119,8 @@ def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_i
 
     def plan(cur, view: LogView) -> Batch:
         states, initial = partition_states(cur, pipeline, view)
-        store.store_initial_positions(cur, pipeline.name, initial)
-        return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline), lag=lag_of(states))
+        positions.store_initial_positions(cur, pipeline.name, initial)
+        return batches.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline), lag=lag_of(states))
 
     return _plan_once(conn, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan)
 
@@ -141,15 +142,15 @@ def plan_for_interval(
     def plan(cur, asked) -> Batch:
         view, starts, ends = asked
         states, initial = partition_states(cur, pipeline, view)
-        store.store_initial_positions(cur, pipeline.name, initial)
+        positions.store_initial_positions(cur, pipeline.name, initial)
         behind = [replace(s, last_stable=ends[(s.topic, s.partition)]) for s in states
                   if s.position < ends[(s.topic, s.partition)]]
         if behind:
-            return store.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(behind, pipeline), lag=lag_of(states))
+            return batches.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(behind, pipeline), lag=lag_of(states))
         replayed = [r for tp in view.partitions for r in overlapping(cur, pipeline, *tp, starts[tp], ends[tp])]
         if not replayed:
-            return store.insert_batch(cur, pipeline, run_id, dag_id, [], lag=lag_of(states))
-        return store.insert_replay(cur, pipeline, run_id, dag_id, replayed, f"airflow:{run_id}",
+            return batches.insert_batch(cur, pipeline, run_id, dag_id, [], lag=lag_of(states))
+        return batches.insert_replay(cur, pipeline, run_id, dag_id, replayed, f"airflow:{run_id}",
                                    "interval already committed: recomputed")
 
     return _plan_once(conn, pipeline, dag_id, run_id, ask, plan)
@@ -171,10 +172,10 @@ class OffsetRequest:
 
 def read_partitions(cur, pipeline: Pipeline, request: OffsetRequest) -> list[int]:
     """The request's partitions, all of which the pipeline must have read (empty: all it has read)."""
-    positions = store.read_positions(cur, pipeline.name)
-    known = sorted(p for t, p in positions if t == request.topic)
+    stored = positions.read_positions(cur, pipeline.name)
+    known = sorted(p for t, p in stored if t == request.topic)
     if not known:
-        topics = sorted({t for t, _ in positions}) or "none yet"
+        topics = sorted({t for t, _ in stored}) or "none yet"
         raise InputError(f"pipeline {pipeline.name!r} has not read topic {request.topic!r} (it has read: {topics})")
     unknown = sorted(set(request.partitions) - set(known))
     if unknown:
@@ -205,12 +206,12 @@ def _bounds(kafka: KafkaOffsets, request: OffsetRequest, partitions: list[int]) 
 
 def overlapping(cur, pipeline: Pipeline, topic: str, partition: int, lo: int, hi: int) -> list[OffsetRange]:
     """The live committed ranges of a partition that share an offset with [lo, hi)."""
-    return [r for r in store.live_ranges(cur, pipeline.name, topic, partition) if r.from_offset < hi and r.until_offset > lo]
+    return [r for r in ledger.live_ranges(cur, pipeline.name, topic, partition) if r.from_offset < hi and r.until_offset > lo]
 
 
 def refuse_folded(cur, pipeline: Pipeline, ranges: list[OffsetRange], what: str) -> None:
     """Ranges beyond the replay horizon cannot leave the outputs one by one any more: refuse them."""
-    when = store.folded(cur, [r.range_id for r in ranges])
+    when = ledger.folded(cur, [r.range_id for r in ranges])
     if when:
         r = next(r for r in ranges if r.range_id in when)
         raise InputError(
@@ -248,7 +249,7 @@ def plan_replay(
 
     def plan(cur, _asked) -> Batch:
         replayed = ranges_to_replay(cur, kafka, pipeline, request)
-        return store.insert_replay(cur, pipeline, run_id, dag_id, replayed, requested_by, reason)
+        return batches.insert_replay(cur, pipeline, run_id, dag_id, replayed, requested_by, reason)
 
     return _plan_once(conn, pipeline, dag_id, run_id, lambda: None, plan)
 
@@ -259,19 +260,19 @@ def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str
     A replay of this batch not yet committed is resumed, so retrying the task never plans two.
     """
     with transaction(conn) as cur:
-        store.lock_pipeline(cur, pipeline.name)
+        registry.lock_pipeline(cur, pipeline.name)
         prefix = f"{batch.run_id}__recompute__"
-        earlier, pending = store.pending_recompute(cur, pipeline.name, dag_id, prefix)
+        earlier, pending = batches.pending_recompute(cur, pipeline.name, dag_id, prefix)
         if pending is not None:
-            return store.select_batch(cur, pending)
+            return batches.select_batch(cur, pending)
         # The live range with the same offsets: the batch's own, or the replay that last recomputed it.
         replayed = [
-            live for r in batch.ranges for live in store.live_ranges(cur, pipeline.name, r.topic, r.partition)
+            live for r in batch.ranges for live in ledger.live_ranges(cur, pipeline.name, r.topic, r.partition)
             if (live.from_offset, live.until_offset) == (r.from_offset, r.until_offset)
         ]
         if not replayed:
             raise InputError(f"batch {batch.id} has no committed range left to recompute (rewound since?)")
         refuse_folded(cur, pipeline, replayed, f"recompute of batch {batch.id}")
-        return store.insert_replay(
+        return batches.insert_replay(
             cur, pipeline, f"{prefix}{earlier + 1}", dag_id, replayed, requested_by, f"recompute of batch {batch.id}"
         )

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
+from kafka_batch.core import batches, database
+from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.core.state import BatchStatus
-from kafka_batch.core.store import transaction
 from kafka_batch.kafka_source import KafkaOffsets
 
 
@@ -28,7 +28,7 @@ class PartitionStatus:
 
 def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatus]:
     """Per partition: committed position, last stable offset, lag and the batch that last moved it."""
-    store.apply_migrations(conn)
+    database.apply_migrations(conn)
     view = ask_kafka(conn, kafka, pipeline)
     with transaction(conn) as cur:
         states, _ = partition_states(cur, pipeline, view)
@@ -43,9 +43,9 @@ def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatu
 
 def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict:
     """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details."""
-    batch = store.load_batch(conn, batch_id)
+    batch = batches.load_batch(conn, batch_id)
     partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
     result = {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
     if batch.status == BatchStatus.PREVIEWED:
-        result["preview"] = store.replay_preview(conn, batch_id)
+        result["preview"] = batches.replay_preview(conn, batch_id)
     return result

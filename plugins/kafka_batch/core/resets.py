@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
+from kafka_batch.core import batches, ledger, positions, registry
 from kafka_batch.core.commit import retire_ranges
+from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import OffsetRequest, offsets_at, prepare, read_partitions, refuse_folded
-from kafka_batch.core.ranges import OffsetRange
-from kafka_batch.core.store import transaction
 from kafka_batch.errors import InputError
 from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.ranges import OffsetRange
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def reset_positions(
         raise InputError("a reset needs a reason; it is recorded with who asked and when")
     prepare(conn, pipeline)
     with transaction(conn) as cur:
-        store.lock_pipeline(cur, pipeline.name)
+        registry.lock_pipeline(cur, pipeline.name)
         partitions = read_partitions(cur, pipeline, request)
         if (request.from_offset is None) == (request.from_time_ms is None):
             raise InputError("give the target as an offset or as a time")
@@ -57,16 +57,16 @@ def reset_positions(
             else offsets_at(kafka, request.topic, partitions, request.from_time_ms)
         )
         offsets = kafka.offsets([(request.topic, p) for p in partitions])
-        positions = store.read_positions(cur, pipeline.name)
+        stored = positions.read_positions(cur, pipeline.name)
         resets = []
         for p in partitions:
-            resets.append(_plan_reset(cur, pipeline, request.topic, p, positions[(request.topic, p)], targets[p],
+            resets.append(_plan_reset(cur, pipeline, request.topic, p, stored[(request.topic, p)], targets[p],
                                       offsets[(request.topic, p)]))
         if dry_run:
             return resets
         for reset in resets:
             _apply_reset(cur, pipeline, reset, requested_by, reason)
-        store.supersede_planned(cur, pipeline.name, "superseded by a position reset")
+        batches.supersede_planned(cur, pipeline.name, "superseded by a position reset")
     return resets
 
 
@@ -76,7 +76,7 @@ def _plan_reset(cur, pipeline: Pipeline, topic: str, partition: int, position: i
         raise InputError(f"{where}: target {target} is past the last stable offset {offsets.last_stable}")
     if target >= position:
         return Reset(topic, partition, position, target, (), "")
-    after = [r for r in store.live_ranges(cur, pipeline.name, topic, partition) if r.until_offset > target]
+    after = [r for r in ledger.live_ranges(cur, pipeline.name, topic, partition) if r.until_offset > target]
     note = ""
     if after and after[0].from_offset < target:
         note = f" (target {target} is inside committed range {after[0]}; widened to its start)"
@@ -92,7 +92,7 @@ def _plan_reset(cur, pipeline: Pipeline, topic: str, partition: int, position: i
 def _apply_reset(cur, pipeline: Pipeline, reset: Reset, requested_by: str, reason: str) -> None:
     if reset.direction == "none":
         return
-    reset_id = store.reset_position(cur, pipeline.name, reset.topic, reset.partition, reset.position, reset.target,
+    reset_id = positions.reset_position(cur, pipeline.name, reset.topic, reset.partition, reset.position, reset.target,
                                     direction=reset.direction, ranges_retired=len(reset.retired),
                                     requested_by=requested_by, reason=reason)
     retire_ranges(cur, pipeline, list(reset.retired), f"reset {reset_id}")

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
 
-from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.errors import StateError
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.base import (
     COLUMN_TYPES,
     Column,

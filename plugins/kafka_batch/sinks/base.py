@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg2 import sql
 
-from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.errors import InputError
+from kafka_batch.ranges import OffsetRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

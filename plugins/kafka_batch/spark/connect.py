@@ -27,14 +27,15 @@ from pathlib import Path
 
 from kafka_batch import connections, errors, timings
 from kafka_batch.connections import ConnectionFields
-from kafka_batch.spark import submit
+from kafka_batch.core.batches import recorded_error
+from kafka_batch.spark.package import package_zip
 
 log = logging.getLogger("kafka_batch.connect")
 
 CONN_TYPE = "spark_connect"
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SESSION_NAMESPACE = uuid.UUID("5d0f3a8e-7b1c-4c2e-9a6f-2f1f6b0c9e41")
-# Session settings every batch relies on (the server-wide ones, see submit.SPARK_CONF, are the server's).
+# Session settings every batch relies on (the server-wide ones, see spark.submit.SPARK_CONF, are the server's).
 SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
 
 
@@ -54,7 +55,7 @@ def session(conn_id: str):
 
     url = SparkConnectHook(conn_id).get_connection_url()
     with tempfile.TemporaryDirectory(prefix="kafka_batch_pyfiles_") as directory:
-        package = submit.package_zip(Path(directory))
+        package = package_zip(Path(directory))
         shared = f"{url};session_id={session_id(package.read_bytes())}"
         try:
             spark = SparkSession.builder.remote(shared).getOrCreate()
@@ -113,7 +114,7 @@ class ConnectExecution:
         except Exception as exc:  # noqa: BLE001 - as under spark-submit: the kind, and the error the job recorded
             log.exception("batch %s failed", self.batch_id)
             kind = type(exc) if isinstance(exc, errors.KafkaBatchError) else errors.KafkaBatchError
-            raise kind(f"batch {self.batch_id} failed: {submit.recorded_error(self.postgres, self.batch_id)}") from None
+            raise kind(f"batch {self.batch_id} failed: {recorded_error(self.postgres, self.batch_id)}") from None
         finally:
             spark.client.close()  # the channel only: the shared session stays for the next batch
 

@@ -17,9 +17,8 @@ import pyarrow as pa
 
 from kafka_batch import connections, timings
 from kafka_batch.config import Pipeline
-from kafka_batch.core import store
+from kafka_batch.core import attempts, batches, data_loss, database
 from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
-from kafka_batch.core.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.errors import (
     INVALID_RECORD,
     FencedAttempt,
@@ -30,6 +29,7 @@ from kafka_batch.errors import (
     without_sqlstate,
 )
 from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.json_fields import parses_in_reader
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
@@ -51,7 +51,7 @@ def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[Off
         if now.lost_until != r.lost_until:
             log.warning("data loss in %s: offsets %s..%s were deleted before they were read; skipping them",
                         r, r.from_offset, now.lost_until)
-            store.record_loss(conn, r.range_id, now.lost_until)
+            data_loss.record_loss(conn, r.range_id, now.lost_until)
         checked.append(now)
     return checked
 
@@ -95,8 +95,8 @@ class _FenceWatch(_WhileSparkWorks):
             while not self._stop.wait(interval):
                 if self.fenced_by is None:
                     try:
-                        conn = conn if conn is not None and not conn.closed else store.connect(postgres)
-                        current = store.current_attempt(conn, batch_id)
+                        conn = conn if conn is not None and not conn.closed else database.connect(postgres)
+                        current = attempts.current_attempt(conn, batch_id)
                     except Exception as exc:  # noqa: BLE001 - a watch that cannot ask retries at the next tick
                         log.warning("fence watch: could not read batch %s (%s); retrying", batch_id, exc)
                         conn = None
@@ -196,15 +196,15 @@ def run_batch(
     kafka_config: Callable[[Pipeline], dict] = env_kafka_config,
 ) -> CommitResult:
     """Execute a batch: commit it, or (mode `preview`, replays only) store how it would change the outputs."""
-    conn = store.connect(postgres)
+    conn = database.connect(postgres)
     try:
-        batch = store.load_batch(conn, batch_id)
+        batch = batches.load_batch(conn, batch_id)
         if batch.status == "committed":
             log.info("batch %s is already committed; nothing to do", batch_id)
             return CommitResult(batch_id, True, batch.records_read or 0, 0)
-        pipeline = store.batch_pipeline(conn, batch)
+        pipeline = batches.batch_pipeline(conn, batch)
         kafka = kafka_config(pipeline)
-        attempt = store.claim_attempt(conn, batch_id, try_number)
+        attempt = attempts.claim_attempt(conn, batch_id, try_number)
     finally:
         conn.close()
     timings.mark("batch_loaded")
@@ -214,7 +214,7 @@ def run_batch(
         outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, batch, attempt)
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         timings.mark("commit_start")
-        conn = store.connect(postgres)
+        conn = database.connect(postgres)
         try:
             if mode == "preview":
                 result = preview_replay(conn, pipeline, batch_id, attempt, outputs, read_tasks)
@@ -233,9 +233,9 @@ def run_batch(
     return result
 
 
-def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: store.Batch, attempt: int):
+def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: batches.Batch, attempt: int):
     """Read the batch's ranges once and let every sink compute its result from the parsed records."""
-    conn = store.connect(postgres)
+    conn = database.connect(postgres)
     try:
         # A replay recomputes what was read; records deleted since cannot be recomputed.
         policy = pipeline.on_data_loss if batch.kind == "batch" else "fail"
@@ -296,7 +296,7 @@ def _reader_fields(pipeline: Pipeline) -> dict[str, str] | None:
     return pipeline.fields if parses_in_reader(pipeline.fields) else None
 
 
-def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: store.Batch, counts: dict) -> pa.Table | None:
+def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: batches.Batch, counts: dict) -> pa.Table | None:
     """The invalid records to quarantine, read again (with every column, the key and timestamp they
     keep) only when the sinks counted some; too many of them (over max_invalid_ratio) fail the
     batch, naming the first ones. The ranges are fixed, so the second read sees the same records."""
@@ -320,9 +320,9 @@ def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: store.Batc
 def _record_failure(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: int, exc: Exception) -> None:
     """Record why the attempt failed, on a fresh connection (the one that failed may be dead)."""
     try:
-        conn = store.connect(postgres)
+        conn = database.connect(postgres)
         try:
-            store.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
+            attempts.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
         finally:
             conn.close()
     except Exception as again:  # noqa: BLE001 - the original error is the one to raise
@@ -333,9 +333,9 @@ def _record_failure(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: 
 def _discard_staging(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: int | None) -> None:
     """Best effort: what sinks staged for the attempt (None: every attempt) is no longer needed."""
     try:
-        conn = store.connect(postgres)
+        conn = database.connect(postgres)
         try:
-            with store.transaction(conn) as cur:
+            with database.transaction(conn) as cur:
                 cur.execute("SET LOCAL lock_timeout = '5s'")
                 for sink in pipeline.sinks:
                     sink.discard(cur, batch_id, attempt)

@@ -25,8 +25,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kafka_batch import timings
 from kafka_batch.config import ReadSettings
-from kafka_batch.core.ranges import OffsetRange
 from kafka_batch.kafka_source import read_partitions
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.spark import json_fields
 
 _HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))

@@ -7,7 +7,7 @@ machine, against 0.15-0.2 s from the installed package. A pip-installed pyspark 
 installed (and compiled), so spark-submit gets a view of it instead: a directory in the user's cache
 with links to everything in it but `python/`. The zips' paths then do not exist, Python skips them and
 imports the installed pyspark and py4j. A SPARK_HOME of your own is used as it is, and so is the
-package for a YARN master, which uploads those zips to its containers (`submit.batch_execution`).
+package for a YARN master, which uploads those zips to its containers (`execution.batch_execution`).
 Making a view removes those of a pyspark that is gone, so deleted checkouts leave nothing behind.
 """
 

@@ -1,6 +1,4 @@
-"""How a batch reaches Spark, for the DAG's operator and the CLI alike (`batch_execution`): the one
-spark-submit call by default, or a Spark Connect server when the pipeline's Spark connection is one
-(`spark.connect`).
+"""The spark-submit execution mode: one spark-submit call per batch (`spark.execution` chooses the mode).
 
 The provider's SparkSubmitHook runs `spark_jobs/run_batch.py` with the package zipped for
 `--py-files`; the connections travel as `AIRFLOW_CONN_*` variables of the child process only, never
@@ -15,21 +13,16 @@ import os
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from kafka_batch import errors
 from kafka_batch.config import PROJECT_ROOT, Pipeline
-from kafka_batch.connections import ConnectionFields, env_var, postgres_params
-from kafka_batch.spark import jvm_archive, spark_home
+from kafka_batch.connections import ConnectionFields, env_var
+from kafka_batch.spark import jvm_archive, package, spark_home
 
 APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# Executors never import these (Airflow wiring and the command line).
-_NOT_SHIPPED = ("airflow", "cli.py")
-
 # A batch of at most this many offsets keeps its JVM a few seconds: code compiled by C1 alone is ready
 # sooner, where C2's would pay off only over a longer read (1,000 records: 7.9-8.5 s instead of
 # 9.7-11.0 s end to end). A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.
@@ -47,17 +40,6 @@ SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.python.worker.reuse": "true",
 }
-
-
-def package_zip(directory: Path) -> Path:
-    """The kafka_batch package as a zip for --py-files, so executors import the same code."""
-    target = directory / "kafka_batch.zip"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(PACKAGE_DIR.rglob("*.py")):
-            relative = path.relative_to(PACKAGE_DIR)
-            if relative.parts[0] not in _NOT_SHIPPED:
-                zf.write(path, Path("kafka_batch") / relative)
-    return target
 
 
 def java_home() -> str | None:
@@ -123,7 +105,7 @@ def spark_submit_hook(
             yield SparkSubmitHook(
                 conn_id=pipeline.connections.spark,
                 conf=dict(SPARK_CONF),
-                py_files=str(package_zip(directory)),
+                py_files=str(package.package_zip(directory)),
                 name=f"kafka_batch_{pipeline.name}_batch_{batch_id}",
                 application_args=application_args(pipeline, batch_id, try_number, mode),
                 env_vars={**spark_env, **jvm_env, **connection_environment(*connections)},
@@ -145,30 +127,6 @@ class SubmitExecution:
         self.hook.on_kill()
 
 
-@contextmanager
-def batch_execution(
-    pipeline: Pipeline, batch_id: int, postgres: ConnectionFields, kafka: ConnectionFields,
-    spark: ConnectionFields | None, *, mode: str = "commit", try_number: int | None = None, log=None,
-) -> Iterator:
-    """The execution of one batch, by the type of the pipeline's Spark connection (None: undefined,
-    spark-submit's defaults); `log` takes spark-submit's output lines."""
-    from kafka_batch.spark import connect  # it uses this module
-
-    if connect.uses_connect(spark):
-        yield connect.ConnectExecution(pipeline, batch_id, postgres, kafka, mode=mode, try_number=try_number)
-        return
-    params = postgres_params(postgres)
-    driver_is_local = spark is None or spark.extra.get("deploy-mode") != "cluster"
-    span = batch_span(params, batch_id) if driver_is_local else None
-    # YARN (also the provider's master when the connection is missing) uploads pyspark's zips to its containers.
-    yarn = spark is None or "yarn" in f"{spark.conn_type or ''}://{spark.host or ''}"
-    with spark_submit_hook(pipeline, batch_id, (postgres, kafka), mode=mode, try_number=try_number,
-                           driver_is_local=driver_is_local, span=span, yarn=yarn) as hook:
-        if log is not None:
-            hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it
-        yield SubmitExecution(hook, batch_id, params)
-
-
 def run(hook, batch_id: int, postgres: dict) -> None:
     """spark-submit; a failure raises the kind of error the job reported through its exit code,
     with the error the job recorded on the batch."""
@@ -179,31 +137,21 @@ def run(hook, batch_id: int, postgres: dict) -> None:
     except AirflowException:
         process = getattr(hook, "_submit_sp", None)
         code = process.returncode if process is not None else None
+        from kafka_batch.core.batches import recorded_error
+
         raise errors.from_exit_code(code, f"batch {batch_id} failed: {recorded_error(postgres, batch_id)}") from None
-
-
-def _stored_batch(postgres: dict, batch_id: int):
-    from kafka_batch.core import store
-
-    conn = store.connect(postgres)
-    try:
-        return store.load_batch(conn, batch_id)
-    finally:
-        conn.close()
 
 
 def batch_span(postgres: dict, batch_id: int) -> int | None:
     """The batch's offsets, to choose the driver JVM's options; None when Postgres cannot say (the
     job itself then reports why)."""
+    from kafka_batch.core import batches, database
+
     try:
-        return _stored_batch(postgres, batch_id).span
+        conn = database.connect(postgres)
+        try:
+            return batches.load_batch(conn, batch_id).span
+        finally:
+            conn.close()
     except Exception:  # noqa: BLE001 - only an optimisation depends on it
         return None
-
-
-def recorded_error(postgres: dict, batch_id: int) -> str:
-    try:
-        error = _stored_batch(postgres, batch_id).error
-    except Exception as exc:  # noqa: BLE001 - the job's own log still says why
-        return f"the Spark job failed, and its recorded error could not be read ({type(exc).__name__})"
-    return error or "the Spark job failed before it recorded an error; its log says why"

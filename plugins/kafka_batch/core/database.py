@@ -1,0 +1,91 @@
+"""The Postgres session every part of the core uses, and the schema's migrations.
+
+Each session gets the settings the guarantee relies on (SESSION_SETTINGS) rather than assuming the
+server's defaults; a refused or unreachable server is one clear error. Migrations are the numbered
+files of sql/, each applied once under an advisory lock, so any number of processes may start at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg2
+
+from kafka_batch.config import PROJECT_ROOT
+from kafka_batch.errors import InputError, ServiceError
+
+
+def sql_dir() -> Path:
+    return Path(os.environ.get("KAFKA_BATCH_SQL_DIR", PROJECT_ROOT / "sql"))
+
+
+# What the guarantee needs from every session, set by the project rather than assumed. A dead job must
+# not hold row locks, and nothing waits forever; the connection's `options` extra may override these.
+SESSION_SETTINGS = {
+    "synchronous_commit": "on",
+    "default_transaction_isolation": "read committed",  # the commit relies on row locks and compare-and-set
+    "lock_timeout": "60s",
+    "idle_in_transaction_session_timeout": "10min",
+    "statement_timeout": "30min",
+}
+
+
+
+def connect(params: dict) -> psycopg2.extensions.connection:
+    """A session with SESSION_SETTINGS; a refused or unreachable server is one clear error."""
+    ours = " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
+    params = {**params, "options": f"{ours} {params.get('options', '')}".strip()}
+    try:
+        return psycopg2.connect(**params)
+    except psycopg2.OperationalError as exc:
+        where = f"Postgres at {params.get('host')}:{params.get('port', 5432)} (database {params.get('dbname')})"
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if any(word in reason for word in ("authentication failed", "does not exist", "no password", "role")):
+            raise InputError(f"{where} refused the connection: {reason}") from None
+        raise ServiceError(f"{where} did not answer: {reason}") from None
+
+
+@contextmanager
+def transaction(conn) -> Iterator:
+    """One transaction: commit on success, roll back on any error."""
+    with conn:
+        with conn.cursor() as cur:
+            yield cur
+
+
+
+def pending_migrations(conn) -> bool:
+    """Whether any sql/NNN_*.sql file is not applied yet: a read, no DDL and no lock."""
+    files = {path.name for path in sql_dir().glob("[0-9][0-9][0-9]_*.sql")}
+    with transaction(conn) as cur:
+        cur.execute("SELECT to_regclass('public.kafka_batch_migrations') IS NOT NULL")
+        if not cur.fetchone()[0]:
+            return True
+        cur.execute("SELECT version FROM public.kafka_batch_migrations")
+        return bool(files - {row[0] for row in cur.fetchall()})
+
+
+
+def apply_migrations(conn) -> list[str]:
+    """Apply sql/NNN_*.sql files not applied yet, each once, under an advisory lock."""
+    if not pending_migrations(conn):
+        return []
+    applied = []
+    with transaction(conn) as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('kafka_batch.migrations'))")
+        cur.execute(
+            "CREATE TABLE IF NOT EXISTS public.kafka_batch_migrations"
+            " (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cur.execute("SELECT version FROM public.kafka_batch_migrations")
+        done = {row[0] for row in cur.fetchall()}
+        for path in sorted(sql_dir().glob("[0-9][0-9][0-9]_*.sql")):
+            if path.name in done:
+                continue
+            cur.execute(path.read_text())
+            cur.execute("INSERT INTO public.kafka_batch_migrations (version) VALUES (%s)", (path.name,))
+            applied.append(path.name)
+    return applied
