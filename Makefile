@@ -10,7 +10,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export KAFKA_BATCH_HOME ?= $(CURDIR)/.local
 WITH_ENV := source "$(KAFKA_BATCH_HOME)/env.sh" &&
 
-.PHONY: install up airflow down demo test test-browser test-unit lint bench chaos lock clean chromium
+.PHONY: install up airflow down demo test test-browser test-unit lint bench chaos lock clean chromium schema
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ bench: install
 chaos: install
 	$(BIN)/kafka-batch local up --spark-connect
 	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect $(CHAOS_ARGS)
+
+# The pipeline definition's JSON Schema (editors) and reference, written from the typed model; a test fails
+# while either is stale.
+schema: install
+	$(BIN)/kafka-batch schema > pipelines/pipeline.schema.json
+	$(BIN)/kafka-batch schema --markdown > docs/configuration.md
 
 lock: install
 	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt

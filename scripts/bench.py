@@ -208,11 +208,9 @@ def raw_read(env: Env, ranges) -> int:
 
 
 def project_read(env: Env, pipeline, ranges) -> int:
-    from dataclasses import asdict
-
     from kafka_batch.spark.job import _columns, _reader_fields
 
-    return sum(b.num_rows for b in read_task(env.kafka, list(ranges), asdict(pipeline.read), _columns(pipeline),
+    return sum(b.num_rows for b in read_task(env.kafka, list(ranges), pipeline.read.model_dump(), _columns(pipeline),
                                              _reader_fields(pipeline)))
 
 

@@ -1,4 +1,4 @@
--- Core bookkeeping: positions, batches and their ranges. Idempotent; applied by kafka_batch.core.store.
+-- Core bookkeeping: positions, batches and their ranges. Idempotent; applied by kafka_batch.core.database.
 -- Created here only when missing: the least-privilege role (sql/roles.sql) owns it already and may not
 -- create schemas (CREATE SCHEMA IF NOT EXISTS would still need that right).
 DO $$ BEGIN

@@ -334,6 +334,13 @@ def cmd_local(args) -> int:
     return local_stack.main([args.action, *flags])
 
 
+def cmd_schema(args) -> int:
+    from kafka_batch import reference
+
+    print(reference.markdown() if args.markdown else reference.schema_text(), end="")
+    return 0
+
+
 def _operator() -> str:
     return os.environ.get("KAFKA_BATCH_OPERATOR") or getpass.getuser()
 
@@ -397,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spark-connect", action="store_true", help="with up: also start a Spark Connect server on "
                    "loopback (connection spark_connect_default)")
     p.set_defaults(func=cmd_local)
+    p = sub.add_parser("schema", help="print the JSON Schema of a pipeline definition (for editors and CI checks)")
+    p.add_argument("--markdown", action="store_true", help="print the reference of every field instead")
+    p.set_defaults(func=cmd_schema)
     return parser
 
 

@@ -1,9 +1,11 @@
 """Pipeline definitions: a pipeline is data (a YAML file), so a new one needs no new code.
 
-A pipeline names its topics, how to parse a record, its sinks (where results go: aggregates,
-rows, ...), its limits and its policies. Everything is validated when loaded, so a typo fails with a
-message naming the file and the field, not halfway through a batch. A batch keeps the canonical
-JSON of the definition it was planned with (`snapshot`), so every attempt computes the same thing.
+A pipeline names its topics, how to parse a record, its sinks (where results go: aggregates, rows,
+...), its limits and its policies. `Pipeline` is one typed model of that file (pydantic; each sink's
+settings are the sink's own fields): it validates a definition when loaded, so a typo fails with one
+line naming the file and the field, not halfway through a batch, and `schema()` gives the JSON Schema
+editors check `pipelines/*.yaml` with. A batch keeps the canonical JSON of the definition it was
+planned with (`snapshot`), so every attempt computes the same thing.
 """
 
 from __future__ import annotations
@@ -15,18 +17,30 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Strict,
+    Tag,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
+from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, invalid
 from kafka_batch.sinks import SINKS, Sink
-from kafka_batch.sinks.base import fail as _fail
-from kafka_batch.sinks.base import identifier as _identifier
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-FIELD_TYPES = {"string", "long", "int", "double", "boolean", "timestamp"}
+FIELD_TYPES = ("string", "long", "int", "double", "boolean", "timestamp")
 # Columns every record has besides its parsed fields; expressions may use them.
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
 
@@ -36,33 +50,65 @@ def pipelines_dir() -> Path:
 
 
 def user_cache_dir() -> Path:
-    """Where what speeds up spark-submit on this machine is kept (nothing in it is needed to be correct)."""
+    """This machine's caches (the JVM class archive, the Spark home view): nothing in it is needed to be correct."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kafka_batch"
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_records_per_partition: int = 1_000_000
-    max_records_per_batch: int = 10_000_000
-    max_records_per_task: int = 1_000_000
-    min_tasks: int = 1
-    # Above this share of invalid records a batch fails instead of quarantining: a schema change
-    # upstream should stop the pipeline, not quarantine everything.
-    max_invalid_ratio: float = 0.1
-    max_value_bytes: int = 1_048_576  # a larger record value is invalid
+def parse_time_ms(value: Any, what: str) -> int:
+    """An ISO 8601 date-time with a time zone (or a datetime from YAML) as epoch milliseconds."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InputError(f"{what} {value!r} is not an ISO 8601 date-time") from None
+    else:
+        raise InputError(f"{what} must be an ISO 8601 date-time with a time zone, got {value!r}")
+    if moment.tzinfo is None:
+        raise InputError(f"{what} {value!r} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
+    return int(moment.timestamp() * 1000)
 
 
-@dataclass(frozen=True)
-class ReadSettings:
-    consume_batch_size: int = 10_000
-    poll_timeout_seconds: float = 1.0
-    stall_timeout_seconds: float = 120.0
-    fence_check_seconds: float = 5.0  # how often a running job checks that its attempt is still current
-    kafka_timeout_seconds: float = 30.0  # how long planning waits for Kafka's metadata and offsets answers
+def optional_time_ms(value: Any, what: str) -> int | None:
+    """Like parse_time_ms, for an optional argument: None stays None."""
+    return None if value is None else parse_time_ms(value, what)
 
 
-@dataclass(frozen=True)
-class Replayable:
+class Limits(Model):
+    """How much one batch, partition and task may read."""
+
+    max_records_per_partition: PositiveInt = 1_000_000
+    """Offsets one batch reads from a partition at most."""
+    max_records_per_batch: PositiveInt = 10_000_000
+    """Offsets one batch reads at most, shared fairly between partitions."""
+    max_records_per_task: PositiveInt = 1_000_000
+    """Offsets one Spark task reads at most (a range is split above it)."""
+    min_tasks: PositiveInt = 1
+    """Split ranges so that a batch has at least this many read tasks."""
+    max_invalid_ratio: Annotated[float, Strict(), Field(gt=0, le=1)] = 0.1
+    """Above this share of invalid records a batch fails instead of quarantining: a schema change
+    upstream should stop the pipeline, not quarantine everything."""
+    max_value_bytes: PositiveInt = 1_048_576
+    """A record value larger than this is invalid (quarantined)."""
+
+
+class ReadSettings(Model):
+    """How the read tasks and the planner talk to Kafka."""
+
+    consume_batch_size: PositiveInt = 10_000
+    """Records one consume call asks for."""
+    poll_timeout_seconds: PositiveNumber = 1.0
+    """How long one consume call waits."""
+    stall_timeout_seconds: PositiveNumber = 120.0
+    """A read task that gets no record for this long fails (the range is not there to read)."""
+    fence_check_seconds: PositiveNumber = 5.0
+    """How often a running job checks that its attempt is still the batch's current one."""
+    kafka_timeout_seconds: PositiveNumber = 30.0
+    """How long planning waits for Kafka's metadata and offsets answers."""
+
+
+class Replayable(Model):
     """The replay horizon: how long committed ranges stay replayable (and rewindable) range by range.
 
     A range older than every bound given is folded: sinks merge the per-range state they keep (the
@@ -70,8 +116,10 @@ class Replayable:
     state then grows with the horizon, not with every batch. No bound: ranges stay replayable forever.
     """
 
-    batches: int | None = None  # the ranges of the newest N committed batches (replays included)
-    days: float | None = None  # ranges committed within the last D days
+    batches: PositiveInt | None = None
+    """The ranges of the newest N committed batches (replays included) stay replayable."""
+    days: PositiveNumber | None = None
+    """Ranges committed within the last D days stay replayable."""
 
     @property
     def bounded(self) -> bool:
@@ -83,11 +131,108 @@ class Replayable:
         return " or ".join(bounds) or "forever"
 
 
-@dataclass(frozen=True)
-class Connections:
+class Connections(Model):
+    """The Airflow connection ids (locally: `AIRFLOW_CONN_*` variables) of the pipeline's endpoints."""
+
     kafka: str = "kafka_default"
+    """Kafka: librdkafka settings in the connection's extra."""
     postgres: str = "kafka_batch_postgres"
+    """Postgres: positions, the ledger and the sink tables."""
     spark: str = "spark_default"
+    """Spark: a `spark` connection (spark-submit) or a `spark_connect` one (a Spark Connect server)."""
+
+
+def _plain_field_name(name: str) -> str:
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise PydanticCustomError("field_name", "{name!r} is not a plain field name", {"name!r": repr(name)})
+    if name in RECORD_COLUMNS:
+        raise PydanticCustomError("field_name", "{name!r} clashes with the record column of that name",
+                                  {"name!r": repr(name)})
+    return name
+
+
+class Record(Model):
+    """How a record's value becomes fields."""
+
+    format: Literal["json"] = "json"
+    """The value's encoding."""
+    fields: Annotated[dict[Annotated[str, AfterValidator(_plain_field_name)], Literal[FIELD_TYPES]],  # type: ignore[valid-type]
+                      Field(min_length=1)]
+    """Each field of the value the pipeline uses, with its type; expressions name them as they are."""
+
+
+def _one_or_many(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+def _distinct(topics: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(topics)) != len(topics):
+        raise PydanticCustomError("topics", "{topics} name a topic twice", {"topics": list(topics)})
+    return topics
+
+
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise PydanticCustomError("regex", "{pattern!r} is not a valid regular expression: {why}",
+                                  {"pattern!r": repr(pattern), "why": str(exc)}) from None
+    return pattern
+
+
+TopicName = Annotated[str, Strict(), Field(min_length=1)]
+TopicNames = Annotated[tuple[TopicName, ...],
+                       BeforeValidator(_one_or_many, json_schema_input_type=TopicName | Annotated[
+                           list[TopicName], Field(min_length=1)]),
+                       Field(min_length=1), AfterValidator(_distinct)]
+
+
+class TopicPattern(Model):
+    """Every topic whose whole name matches; new matching topics join as they appear."""
+
+    pattern: Annotated[str, Strict(), Field(min_length=1), AfterValidator(_regex)]
+    """A regular expression, matched against the whole topic name."""
+
+
+def _iso_time(value: Any) -> str:
+    try:
+        parse_time_ms(value, "a start time")
+    except InputError as exc:
+        raise PydanticCustomError("time", "{why}", {"why": str(exc).removeprefix("a start time ")}) from None
+    return value
+
+
+class StartAtTime(Model):
+    """Begin each partition at the first record at or after a time."""
+
+    timestamp: Annotated[str, BeforeValidator(_iso_time)]
+    """An ISO 8601 date-time with a time zone, e.g. 2026-01-01T00:00:00Z."""
+
+
+class StartAtOffsets(Model):
+    """Begin at given offsets (partitions not named begin where `new_partitions` says)."""
+
+    offsets: Annotated[dict[str, Annotated[dict[Annotated[int, Field(ge=0)], Annotated[int, Strict(), Field(ge=0)]],
+                                           Field(min_length=1)]], Field(min_length=1)]
+    """topic -> partition -> offset."""
+
+
+# A union's branch is chosen by the input's shape, so a mistake is explained by that branch alone. Tags
+# are written `<...>`: they are not fields, and error paths leave them out (model._path).
+Start = Annotated[
+    Annotated[Literal["earliest", "latest"], Tag("<name>")]
+    | Annotated[StartAtTime, Tag("<timestamp>")]
+    | Annotated[StartAtOffsets, Tag("<offsets>")],
+    Discriminator(lambda v: "<name>" if v in ("earliest", "latest") else None if not isinstance(v, dict) else
+                  "<timestamp>" if "timestamp" in v else "<offsets>" if "offsets" in v else None,
+                  custom_error_type="start",
+                  custom_error_message="must be 'earliest', 'latest', {timestamp: <ISO 8601>} or "
+                                       "{offsets: {<topic>: {<partition>: <offset>}}}"),
+]
+Topics = Annotated[
+    Annotated[TopicNames, Tag("<names>")] | Annotated[TopicPattern, Tag("<pattern>")],
+    Discriminator(lambda v: "<pattern>" if isinstance(v, dict) else "<names>"),
+]
 
 
 @dataclass(frozen=True)
@@ -99,26 +244,110 @@ class StartPolicy:
     timestamp_ms: int | None = None
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    name: str
-    topics: tuple[str, ...]
-    fields: dict[str, str]
-    sinks: tuple[Sink, ...]
-    topic_pattern: str | None = None
-    start: StartPolicy = field(default_factory=StartPolicy)
-    new_partitions: str = "earliest"
-    plan_by: str = "offsets"  # or "time": a run reads up to the end of its data interval
+Sinks = create_model(
+    "Sinks", __base__=Model, __doc__="Where results go: one or more sinks, each with its settings.",
+    **{kind: (sink | None, Field(default=None, description=(sink.__doc__ or "").strip())) for kind, sink in SINKS.items()},
+)
+
+
+class Pipeline(Model):
+    """A pipeline definition: one file of `pipelines/`."""
+
+    name: Identifier
+    """The pipeline's name (its DAG is `kafka_batch__<name>`)."""
+    description: str | None = None
+    """What the pipeline is for (shown as the DAG's description)."""
+    topic_selection: Topics = Field(alias="topics")
+    """A topic, a list of topics, or {pattern: <regular expression>}."""
+    start_at: Start = Field("earliest", alias="start")
+    """Where a partition without a stored position begins."""
+    new_partitions: Literal["earliest", "latest"] = "earliest"
+    """Where a partition that appears after the pipeline started begins."""
+    plan_by: Literal["offsets", "time"] = "offsets"
+    """`offsets`: a run reads up to the last stable offsets; `time`: up to the end of its data interval."""
     schedule: str | None = None
-    on_data_loss: str = "fail"
-    on_invalid_record: str = "quarantine"  # or "fail": a record the pipeline cannot process stops the batch
-    limits: Limits = field(default_factory=Limits)
-    read: ReadSettings = field(default_factory=ReadSettings)
-    replayable: Replayable = field(default_factory=Replayable)
-    connections: Connections = field(default_factory=Connections)
-    source: str = field(default="<memory>", compare=False)
-    # The validated definition as canonical JSON data: what a batch snapshots and hashes.
-    definition: dict = field(default_factory=dict, repr=False, compare=False)
+    """A cron expression or preset (`@hourly`); null: runs only when triggered."""
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    """A stored position below the log start (retention deleted unread records): stop, or record the loss and go on."""
+    on_invalid_record: Literal["quarantine", "fail"] = "quarantine"
+    """A record the pipeline cannot process: quarantine it with its reason, or stop the batch."""
+    record: Record
+    """How a record's value becomes the fields that sinks' expressions use."""
+    sink_settings: Sinks = Field(alias="sinks")  # type: ignore[valid-type]
+    """Where results go; a pipeline may have several sinks."""
+    limits: Limits = Limits()
+    """How much one batch, partition and task may read (a triggered run may lower them for itself)."""
+    read: ReadSettings = ReadSettings()
+    """How the read tasks and the planner talk to Kafka."""
+    replayable: Replayable = Replayable()
+    """How long committed ranges stay replayable and rewindable range by range (default: forever)."""
+    connections: Connections = Connections()
+    """The Airflow connection ids of the pipeline's endpoints."""
+
+    _source: str = PrivateAttr("<memory>")
+    # The definition as given, canonical JSON data: what a batch snapshots and hashes.
+    _definition: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "aggregation" in data:
+            raise PydanticCustomError(
+                "moved", "'aggregation' moved under 'sinks': write `sinks: {aggregate: {table, group_by, measures}}`")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Pipeline:
+        if not self.sinks:
+            raise ValueError(f"sinks must name one or more of {sorted(SINKS)}")
+        used = [n for sink in self.sinks for n in sink.tables]
+        if len(set(used)) != len(used):
+            raise ValueError(f"two sinks write the same table ({sorted(used)})")
+        unknown_topics = {t for t, _ in self.start.offsets} - set(self.topics)
+        if unknown_topics and self.topic_pattern is None:
+            raise ValueError(f"start.offsets names topic(s) {sorted(unknown_topics)} that are not in topics")
+        if self.plan_by == "time" and (self.schedule is None or self.schedule.startswith("@")):
+            raise ValueError("plan_by: time needs a cron schedule (its runs' data intervals bound the batches)")
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pipeline) and other.snapshot() == self.snapshot()
+
+    def __hash__(self) -> int:
+        return hash(self.snapshot())
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def definition(self) -> dict:
+        return self._definition
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return () if isinstance(self.topic_selection, TopicPattern) else self.topic_selection
+
+    @property
+    def topic_pattern(self) -> str | None:
+        return self.topic_selection.pattern if isinstance(self.topic_selection, TopicPattern) else None
+
+    @property
+    def start(self) -> StartPolicy:
+        if isinstance(self.start_at, StartAtTime):
+            return StartPolicy("timestamp", timestamp_ms=parse_time_ms(self.start_at.timestamp, "start.timestamp"))
+        if isinstance(self.start_at, StartAtOffsets):
+            return StartPolicy("offsets", offsets={(t, p): o for t, per in self.start_at.offsets.items()
+                                                   for p, o in per.items()})
+        return StartPolicy(self.start_at)
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.record.fields)
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return tuple(s for kind in sorted(SINKS) if (s := getattr(self.sink_settings, kind)) is not None)
 
     @property
     def dag_id(self) -> str:
@@ -149,193 +378,24 @@ class Pipeline:
                               source=self.source)
 
 
-def _positive_numbers(where: str, section: str, raw: Any, cls: type) -> Any:
-    raw = raw or {}
-    if not isinstance(raw, dict):
-        raise _fail(where, f"{section} must be a mapping")
-    known = cls.__dataclass_fields__
-    unknown = set(raw) - set(known)
-    if unknown:
-        raise _fail(where, f"unknown {section} setting(s) {sorted(unknown)}; known: {sorted(known)}")
-    for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise _fail(where, f"{section}.{key} must be a positive number, got {value!r}")
-        if key.endswith("_ratio") and value > 1:
-            raise _fail(where, f"{section}.{key} is a share of records, between 0 and 1, got {value!r}")
-    return cls(**raw)
-
-
-def _topics(where: str, raw: Any) -> tuple[tuple[str, ...], str | None]:
-    """A list of names, one name, or {pattern: regex} (matched in full against the topic names)."""
-    if isinstance(raw, dict):
-        if set(raw) != {"pattern"} or not isinstance(raw["pattern"], str) or not raw["pattern"]:
-            raise _fail(where, "topics as a mapping must be {pattern: <regular expression>}")
-        try:
-            re.compile(raw["pattern"])
-        except re.error as exc:
-            raise _fail(where, f"topics.pattern {raw['pattern']!r} is not a valid regular expression: {exc}") from exc
-        return (), raw["pattern"]
-    if isinstance(raw, str):
-        raw = [raw]
-    if not raw or not isinstance(raw, list) or not all(isinstance(t, str) and t for t in raw):
-        raise _fail(where, "topics must be a non-empty list of topic names or {pattern: <regular expression>}")
-    if len(set(raw)) != len(raw):
-        raise _fail(where, f"topics {raw} name a topic twice")
-    return tuple(raw), None
-
-
-def parse_time_ms(value: Any, what: str) -> int:
-    """An ISO 8601 date-time with a time zone (or a datetime from YAML) as epoch milliseconds."""
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise InputError(f"{what} {value!r} is not an ISO 8601 date-time") from None
-    else:
-        raise InputError(f"{what} must be an ISO 8601 date-time with a time zone, got {value!r}")
-    if moment.tzinfo is None:
-        raise InputError(f"{what} {value!r} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
-    return int(moment.timestamp() * 1000)
-
-
-def optional_time_ms(value: Any, what: str) -> int | None:
-    """Like parse_time_ms, for an optional argument: None stays None."""
-    return None if value is None else parse_time_ms(value, what)
-
-
-def _start(where: str, raw: Any) -> StartPolicy:
-    if raw in ("earliest", "latest"):
-        return StartPolicy(raw)
-    if isinstance(raw, dict) and set(raw) == {"timestamp"}:
-        return StartPolicy("timestamp", timestamp_ms=parse_time_ms(raw["timestamp"], f"pipeline {where}: start.timestamp"))
-    if isinstance(raw, dict) and set(raw) == {"offsets"} and isinstance(raw["offsets"], dict) and raw["offsets"]:
-        offsets = {}
-        for topic, per_partition in raw["offsets"].items():
-            if not isinstance(per_partition, dict) or not per_partition:
-                raise _fail(where, f"start.offsets.{topic} must map partition -> offset")
-            for partition, offset in per_partition.items():
-                if isinstance(partition, bool) or isinstance(offset, bool):
-                    raise _fail(where, f"start.offsets.{topic}: partition {partition!r} -> offset {offset!r}")
-                try:
-                    partition, offset = int(partition), int(offset)
-                except (TypeError, ValueError):
-                    raise _fail(where, f"start.offsets.{topic}: {partition!r}: {offset!r} must be integers") from None
-                if partition < 0 or offset < 0:
-                    raise _fail(where, f"start.offsets.{topic}: partition {partition} and offset {offset} must be >= 0")
-                offsets[(topic, partition)] = offset
-        return StartPolicy("offsets", offsets=offsets)
-    raise _fail(
-        where,
-        f"start {raw!r} must be 'earliest', 'latest', {{timestamp: <ISO 8601>}} or "
-        "{offsets: {<topic>: {<partition>: <offset>}}}",
-    )
+def schema() -> dict:
+    """The JSON Schema of a pipeline file (`kafka-batch schema`; editors complete and check with it)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **Pipeline.model_json_schema(by_alias=True)}
 
 
 def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:
     """Validate one pipeline definition (already parsed from YAML, or a batch's snapshot)."""
     if not isinstance(raw, dict):
-        raise _fail(source, "definition must be a mapping")
+        raise InputError(f"pipeline {source}: definition must be a mapping")
     raw = json.loads(json.dumps(raw, default=str))  # canonical data: YAML dates become ISO strings
     name = raw.get("name")
-    where = f"{name!r} ({source})" if name else source
-    name = _identifier(where, "name", name)
-    known = {
-        "name", "topics", "start", "new_partitions", "plan_by", "schedule", "on_data_loss", "on_invalid_record", "limits",
-        "read", "connections", "replayable",
-        "record", "sinks", "description",
-    }
-    if "aggregation" in raw:
-        raise _fail(where, "'aggregation' moved under 'sinks': write `sinks: {aggregate: {table, group_by, measures}}`")
-    unknown = set(raw) - known
-    if unknown:
-        raise _fail(where, f"unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-
-    topics, topic_pattern = _topics(where, raw.get("topics"))
-    start = _start(where, raw.get("start", "earliest"))
-    unknown_topics = {t for t, _ in start.offsets} - set(topics)
-    if unknown_topics and topic_pattern is None:
-        raise _fail(where, f"start.offsets names topic(s) {sorted(unknown_topics)} that are not in topics")
-    new_partitions = raw.get("new_partitions", "earliest")
-    if new_partitions not in ("earliest", "latest"):
-        raise _fail(where, f"new_partitions {new_partitions!r} must be 'earliest' or 'latest'")
-    on_data_loss = raw.get("on_data_loss", "fail")
-    if on_data_loss not in ("fail", "skip"):
-        raise _fail(where, f"on_data_loss {on_data_loss!r} must be 'fail' or 'skip'")
-    on_invalid_record = raw.get("on_invalid_record", "quarantine")
-    if on_invalid_record not in ("quarantine", "fail"):
-        raise _fail(where, f"on_invalid_record {on_invalid_record!r} must be 'quarantine' or 'fail'")
-
-    record = raw.get("record") or {}
-    if record.get("format", "json") != "json":
-        raise _fail(where, f"record.format {record.get('format')!r} is not supported (only 'json')")
-    fields = record.get("fields")
-    if not isinstance(fields, dict) or not fields:
-        raise _fail(where, "record.fields must map each JSON field to a type")
-    for fname, ftype in fields.items():
-        if not isinstance(fname, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", fname):
-            raise _fail(where, f"record.fields name {fname!r} is not a plain field name")
-        if fname in RECORD_COLUMNS:
-            raise _fail(where, f"record.fields name {fname!r} clashes with the record column of that name")
-        if ftype not in FIELD_TYPES:
-            raise _fail(where, f"record.fields.{fname} type {ftype!r} is not one of {sorted(FIELD_TYPES)}")
-
-    sinks = _sinks(where, raw.get("sinks"))
-    used = [n for sink in sinks for n in sink.tables]
-    if len(set(used)) != len(used):
-        raise _fail(where, f"two sinks write the same table ({sorted(used)})")
-
-    connections = raw.get("connections") or {}
-    unknown = set(connections) - set(Connections.__dataclass_fields__)
-    if unknown:
-        raise _fail(where, f"unknown connection(s) {sorted(unknown)}; known: kafka, postgres, spark")
-
-    schedule = raw.get("schedule")
-    if schedule is not None and not isinstance(schedule, str):
-        raise _fail(where, f"schedule must be a cron expression, a preset like '@hourly', or null, got {schedule!r}")
-
-    plan_by = raw.get("plan_by", "offsets")
-    if plan_by not in ("offsets", "time"):
-        raise _fail(where, f"plan_by {plan_by!r} must be 'offsets' or 'time'")
-    if plan_by == "time" and (schedule is None or schedule.startswith("@")):
-        raise _fail(where, "plan_by: time needs a cron schedule (its runs' data intervals bound the batches)")
-
-    return Pipeline(
-        name=name,
-        topics=topics,
-        topic_pattern=topic_pattern,
-        fields=dict(fields),
-        sinks=sinks,
-        start=start,
-        new_partitions=new_partitions,
-        plan_by=plan_by,
-        schedule=schedule,
-        on_data_loss=on_data_loss,
-        on_invalid_record=on_invalid_record,
-        limits=_positive_numbers(where, "limits", raw.get("limits"), Limits),
-        read=_positive_numbers(where, "read", raw.get("read"), ReadSettings),
-        replayable=_replayable(where, raw.get("replayable")),
-        connections=Connections(**connections),
-        source=source,
-        definition=raw,
-    )
-
-
-def _replayable(where: str, raw: Any) -> Replayable:
-    replayable = _positive_numbers(where, "replayable", raw, Replayable)
-    if replayable.batches is not None and not isinstance(replayable.batches, int):
-        raise _fail(where, f"replayable.batches must be a whole number, got {replayable.batches!r}")
-    return replayable
-
-
-def _sinks(where: str, raw: Any) -> tuple[Sink, ...]:
-    if not isinstance(raw, dict) or not raw:
-        raise _fail(where, f"sinks must map one or more of {sorted(SINKS)} to their settings")
-    unknown = set(raw) - set(SINKS)
-    if unknown:
-        raise _fail(where, f"unknown sink(s) {sorted(unknown)}; known: {sorted(SINKS)}")
-    return tuple(SINKS[kind].parse(where, raw[kind]) for kind in sorted(raw))
+    where = f"{name!r} ({source})" if isinstance(name, str) and name else source
+    try:
+        pipeline = Pipeline.model_validate(raw)
+    except ValidationError as exc:
+        raise invalid(where, exc) from None
+    pipeline._source, pipeline._definition = source, raw
+    return pipeline
 
 
 def from_snapshot(definition: dict, source: str) -> Pipeline:
@@ -383,6 +443,9 @@ def load_pipeline(name: str, directory: Path | None = None) -> Pipeline:
     invalid: dict[str, str] = {}
     pipelines = load_pipelines(directory, invalid)
     if name not in pipelines:
+        own = [error for path, error in invalid.items() if Path(path).stem == name or f"pipeline {name!r} (" in error]
+        if own:  # its own file is broken: that is the one line to say
+            raise InputError(own[0])
         where = directory or pipelines_dir()
         broken = "".join(f"; invalid file {path}: {error}" for path, error in invalid.items())
         raise InputError(f"unknown pipeline {name!r}; defined in {where}: {sorted(pipelines) or 'none'}{broken}")

@@ -271,7 +271,7 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -
 
 
 def store_connection():
-    """A connection as the project opens it (transactions managed by kafka_batch.core.store)."""
+    """A connection as the project opens it (transactions managed by kafka_batch.core.database)."""
     from kafka_batch.core import database
 
     return database.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))

@@ -25,9 +25,8 @@ from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
 from kafka_batch.errors import FencedAttempt, InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.sinks.aggregate import AggregateSink
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
-from kafka_batch.sinks.rows import RowsSink, StagedRows, stage_rows
+from kafka_batch.sinks.rows import StagedRows, stage_rows
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     kafka_config,
@@ -309,11 +308,11 @@ def test_a_table_with_other_columns_is_refused_with_how_to_migrate(services):
     conn = store_connection()
     planning.prepare(conn, pipeline)
     sink = _sink(pipeline, "rows")
-    narrower = RowsSink(sink.table, sink.columns[:1])
+    narrower = sink.model_copy(update={"columns": sink.columns[:1]})
     with pytest.raises(Exception, match=r"exists with columns .* Migrate it first"), database.transaction(conn) as cur:
         narrower.create(cur, pipeline.name)
     aggregate = _sink(pipeline, "aggregate")
-    renamed = AggregateSink(aggregate.table, aggregate.group_by[:1], aggregate.measures)
+    renamed = aggregate.model_copy(update={"group_by": aggregate.group_by[:1]})
     with pytest.raises(Exception, match=rf"table public.{aggregate.table} exists"), database.transaction(conn) as cur:
         renamed.create(cur, pipeline.name)
     conn.close()
@@ -498,7 +497,9 @@ def test_the_replay_horizon_is_validated(services):
     from kafka_batch.config import parse_pipeline
 
     definition = {**new_pipeline("horizonbad", partitions=0).definition}
-    for bad, named in (({"batches": 2.5}, "whole number"), ({"batches": 0}, "positive"), ({"weeks": 1}, "unknown")):
+    for bad, named in (({"batches": 2.5}, r"replayable.batches: Input should be a valid integer \(got 2.5\)"),
+                       ({"batches": 0}, r"replayable.batches: Input should be greater than 0"),
+                       ({"weeks": 1}, r"replayable: unknown key\(s\) \['weeks'\]")):
         with pytest.raises(InputError, match=named):
             parse_pipeline({**definition, "replayable": bad})
     assert str(parse_pipeline({**definition, "replayable": {"days": 30}}).replayable) == "the last 30 days"

@@ -7,7 +7,6 @@ reader parsed where it could (`json_fields`; each record its own chunk, so parse
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -53,7 +52,7 @@ def run(records, rows, pipeline=PIPELINE):
     return output.result, output.counts
 
 
-FAILING = replace(PIPELINE, on_invalid_record="fail")
+FAILING = parse_pipeline({**PIPELINE.definition, "on_invalid_record": "fail"})
 
 
 def test_aggregates_per_page_and_minute_and_counts_tombstones(records):
@@ -91,7 +90,7 @@ def test_under_fail_an_unparseable_record_is_named(records, value, named):
 
 
 def test_invalid_records_are_counted_left_out_and_given_a_reason(records):
-    small = replace(PIPELINE, limits=replace(PIPELINE.limits, max_value_bytes=200))
+    small = PIPELINE.with_limits(max_value_bytes=200)
     oversized = {"user_id": "a", "page": "/" + "x" * 300, "duration_ms": 1}
     rows = [
         record(0, {"user_id": "a", "page": "/", "duration_ms": 5}),

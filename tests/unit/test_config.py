@@ -31,34 +31,34 @@ def test_shipped_pipelines_load():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"name": "Bad-Name"}, "name 'Bad-Name' must be a lower-case SQL identifier"),
-        ({"topics": []}, "topics must be a non-empty list"),
-        ({"start": "middle"}, "start 'middle' must be 'earliest', 'latest', {timestamp"),
-        ({"start": {"timestamp": "2026-01-01T00:00:00"}}, "needs a time zone"),
-        ({"start": {"timestamp": "yesterday"}}, "start.timestamp 'yesterday' is not an ISO 8601 date-time"),
-        ({"start": {"offsets": {"page_views": {0: -1}}}}, "must be >= 0"),
+        ({"name": "Bad-Name"}, "name: 'Bad-Name' must be a lower-case SQL identifier"),
+        ({"topics": []}, "topics: Value should have at least 1 item"),
+        ({"start": "middle"}, "start: must be 'earliest', 'latest', {timestamp: <ISO 8601>} or {offsets"),
+        ({"start": {"timestamp": "2026-01-01T00:00:00"}}, "start.timestamp: '2026-01-01T00:00:00' needs a time zone"),
+        ({"start": {"timestamp": "yesterday"}}, "start.timestamp: 'yesterday' is not an ISO 8601 date-time"),
+        ({"start": {"offsets": {"page_views": {0: -1}}}}, "start.offsets.page_views.0: Input should be greater than or equal to 0 (got -1)"),
         ({"start": {"offsets": {"other": {0: 5}}}}, "start.offsets names topic(s) ['other'] that are not in topics"),
-        ({"topics": {"pattern": "page_(views"}}, "topics.pattern 'page_(views' is not a valid regular expression"),
-        ({"topics": {"regex": "x"}}, "topics as a mapping must be {pattern: <regular expression>}"),
+        ({"topics": {"pattern": "page_(views"}}, "topics.pattern: 'page_(views' is not a valid regular expression"),
+        ({"topics": {"regex": "x"}}, "topics: unknown key(s) ['regex']; known: ['pattern']"),
         ({"topics": ["a", "a"]}, "name a topic twice"),
-        ({"new_partitions": "never"}, "new_partitions 'never' must be 'earliest' or 'latest'"),
-        ({"on_data_loss": "ignore"}, "on_data_loss 'ignore' must be 'fail' or 'skip'"),
-        ({"limits": {"max_records_per_task": 0}}, "limits.max_records_per_task must be a positive number"),
-        ({"limits": {"max_records": 5}}, "unknown limits setting(s) ['max_records']"),
-        ({"record": {"fields": {"page": "varchar"}}}, "record.fields.page type 'varchar' is not one of"),
+        ({"new_partitions": "never"}, "new_partitions: Input should be 'earliest' or 'latest' (got 'never')"),
+        ({"on_data_loss": "ignore"}, "on_data_loss: Input should be 'fail' or 'skip' (got 'ignore')"),
+        ({"limits": {"max_records_per_task": 0}}, "limits.max_records_per_task: Input should be greater than 0 (got 0)"),
+        ({"limits": {"max_records": 5}}, "limits: unknown key(s) ['max_records']; known: ['max_invalid_ratio',"),
+        ({"record": {"fields": {"page": "varchar"}}}, "record.fields.page: Input should be 'string', 'long', 'int', 'double', 'boolean' or 'timestamp' (got 'varchar')"),
         ({"record": {"fields": {"offset": "long"}}}, "clashes with the record column"),
-        ({"colour": "blue"}, "unknown key(s) ['colour']"),
-        ({"connections": {"redis": "x"}}, "unknown connection(s) ['redis']"),
-        ({"sinks": {}}, "sinks must map one or more of ['aggregate', 'rows']"),
-        ({"sinks": {"parquet": {}}}, "unknown sink(s) ['parquet']"),
+        ({"colour": "blue"}, "unknown key(s) ['colour']; known: ['connections', 'description',"),
+        ({"connections": {"redis": "x"}}, "connections: unknown key(s) ['redis']; known: ['kafka', 'postgres', 'spark']"),
+        ({"sinks": {}}, "sinks must name one or more of ['aggregate', 'rows']"),
+        ({"sinks": {"parquet": {}}}, "sinks: unknown key(s) ['parquet']; known: ['aggregate', 'rows']"),
         ({"sinks": {"rows": {"table": "t", "columns": {"kafka_offset": "offset"}}}}, "reserved for the record's key"),
-        ({"sinks": {"rows": {"table": "t", "columns": {"page": {"expr": "page", "typ": "text"}}}}}, "unknown setting(s)"),
+        ({"sinks": {"rows": {"table": "t", "columns": {"page": {"expr": "page", "typ": "text"}}}}}, "sinks.rows.columns.page: unknown key(s) ['typ']; known: ['expr', 'type']"),
         ({"aggregation": {}}, "'aggregation' moved under 'sinks'"),
         # Identifiers from configuration reach SQL only once validated (and quoted).
         ({"sinks": {"aggregate": {"table": "x; DROP TABLE kafka_batch.offsets", "group_by": {}, "measures": {}}}},
-         "sinks.aggregate.table 'x; DROP TABLE kafka_batch.offsets' must be a lower-case SQL identifier"),
+         "sinks.aggregate.table: 'x; DROP TABLE kafka_batch.offsets' must be a lower-case SQL identifier"),
         ({"sinks": {"rows": {"table": "t", "columns": {'p"age': "page"}}}}, "must be a lower-case SQL identifier"),
-        ({"record": {"fields": {'user"; drop': "string"}}}, "record.fields name 'user\"; drop' is not a plain field name"),
+        ({"record": {"fields": {'user"; drop': "string"}}}, "record.fields.user\"; drop (as a name): 'user\"; drop' is not a plain field name"),
     ],
 )
 def test_invalid_definitions_are_named(changes, message):
@@ -81,7 +81,7 @@ def test_start_policies_and_topic_patterns_parse():
 def test_measures_must_have_an_additive_type():
     raw = with_changes()
     raw["sinks"]["aggregate"]["measures"]["views"]["type"] = "text"
-    with pytest.raises(InputError, match=r"sinks.aggregate.measures.views type 'text' is not one of"):
+    with pytest.raises(InputError, match=r"sinks.aggregate.measures.views.type: Input should be 'bigint' or 'double precision' \(got 'text'\)"):
         parse_pipeline(raw)
 
 

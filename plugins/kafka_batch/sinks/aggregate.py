@@ -10,34 +10,30 @@ the table grows with the keys and the horizon, not with every batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
+from pydantic import model_validator
 
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.base import (
-    COLUMN_TYPES,
     Column,
+    ColumnSpec,
+    MeasureSpec,
     RangeCounts,
     Sink,
     SinkOutput,
     StageContext,
     as_json,
-    check_known,
+    columns,
     copy_arrow,
-    fail,
-    identifier,
     names,
-    parse_columns,
     require_columns,
     same,
 )
 
-MEASURE_TYPES = {"bigint": "bigint", "double precision": "double"}
 SCHEMA = "kafka_batch"
 BASE_RANGE = 0  # the contributions of every folded range, per key (range ids start at 1)
 
@@ -46,26 +42,24 @@ def _sums(measures: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
 
 
-@dataclass(frozen=True)
 class AggregateSink(Sink):
-    kind = "aggregate"
-    table: str
-    group_by: tuple[Column, ...]
-    measures: tuple[Column, ...]
+    """Additive measures per group key: `sinks: {aggregate: {table, group_by, measures}}`."""
 
-    @classmethod
-    def parse(cls, where: str, raw: Any) -> AggregateSink:
-        raw = check_known(where, "sinks.aggregate", raw, {"table", "group_by", "measures"})
-        table = identifier(where, "sinks.aggregate.table", raw.get("table"))
-        group_by = parse_columns(where, "sinks.aggregate.group_by", raw.get("group_by"), COLUMN_TYPES, "text")
-        measures = parse_columns(where, "sinks.aggregate.measures", raw.get("measures"), MEASURE_TYPES, "bigint")
-        columns = [c.name for c in group_by + measures]
-        duplicated = sorted({n for n in columns if columns.count(n) > 1})
+    kind = "aggregate"
+    group_by: columns(ColumnSpec)
+    """The group key: its columns make the table's primary key (a record where one is null is invalid)."""
+    measures: columns(MeasureSpec)
+    """What is summed per key (default type bigint); a count is `{expr: "1"}`."""
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> AggregateSink:
+        names = [c.name for c in self.group_by + self.measures]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
-            raise fail(where, f"sinks.aggregate column(s) {duplicated} defined twice")
-        if "range_id" in columns:
-            raise fail(where, "sinks.aggregate column name 'range_id' is reserved")
-        return cls(table, group_by, measures)
+            raise ValueError(f"column(s) {duplicated} defined twice (in group_by and measures)")
+        if "range_id" in names:
+            raise ValueError("column name 'range_id' is reserved")
+        return self
 
     @property
     def required_columns(self) -> tuple[Column, ...]:
@@ -125,13 +119,13 @@ class AggregateSink(Sink):
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
         # Tombstones and invalid records form a group of null keys with no records: counted, not contributions.
         keys = [F.when(valid, F.expr(c.expr).cast(c.spark_type)).alias(f"__key_{c.name}") for c in self.group_by]
-        measures = [F.when(valid, F.expr(c.expr).cast(MEASURE_TYPES[c.type])).alias(f"__measure_{c.name}")
+        measures = [F.when(valid, F.expr(c.expr).cast(c.spark_type)).alias(f"__measure_{c.name}")
                     for c in self.measures]
         result = (
             records.select("range_id", valid.alias("_valid"), "_tombstone", "_invalid", *keys, *measures)
             .groupBy("range_id", *[F.col(f"__key_{c.name}").alias(c.name) for c in self.group_by])
             .agg(
-                *[F.coalesce(F.sum(f"__measure_{c.name}"), F.lit(0)).cast(MEASURE_TYPES[c.type]).alias(c.name)
+                *[F.coalesce(F.sum(f"__measure_{c.name}"), F.lit(0)).cast(c.spark_type).alias(c.name)
                   for c in self.measures],
                 F.sum(F.col("_valid").cast("long")).alias("records"),
                 F.sum(F.col("_tombstone").cast("long")).alias("tombstones"),

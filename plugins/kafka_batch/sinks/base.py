@@ -6,29 +6,30 @@ small result (or stages big ones from the executors); inside the commit transact
 it visible, `remove` takes given ranges' effect out exactly, and `preview` stores what a replay
 would change. A sink never touches positions, batches or attempts.
 
-Adding a sink: one module with a `Sink` subclass, registered in `kafka_batch.sinks.SINKS`.
+Adding a sink: one module with a `Sink` subclass (its fields are its settings, typed), registered in
+`kafka_batch.sinks.SINKS`; the definition's schema and reference follow from it.
 """
 
 from __future__ import annotations
 
 import io
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg2 import sql
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from kafka_batch.errors import InputError
+from kafka_batch.model import Expression, Identifier, Model
 from kafka_batch.ranges import OffsetRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Spark SQL type for each Postgres column type a sink may declare.
 COLUMN_TYPES = {
     "text": "string",
@@ -84,44 +85,34 @@ class StageContext:
     postgres: dict = field(repr=False)
 
 
-def fail(where: str, message: str) -> InputError:
-    return InputError(f"pipeline {where}: {message}")
+class ColumnSpec(Model):
+    """An output column as a definition gives it: `name: {expr, type}`, or `name: expr` for the default type."""
+
+    expr: Expression
+    """A Spark SQL expression over the record's fields and metadata columns."""
+    type: Literal[tuple(COLUMN_TYPES)] = "text"  # type: ignore[valid-type]
+    """The Postgres column type."""
 
 
-def identifier(where: str, what: str, value: Any) -> str:
-    if not isinstance(value, str) or not IDENTIFIER.match(value):
-        raise fail(where, f"{what} {value!r} must be a lower-case SQL identifier ([a-z_][a-z0-9_]*)")
-    return value
+class MeasureSpec(ColumnSpec):
+    """A measure of the aggregate sink: it must add up (sums), so its type is a number."""
+
+    type: Literal["bigint", "double precision"] = "bigint"
+    """The Postgres column type (a sum: bigint or double precision)."""
 
 
-def parse_columns(where: str, section: str, raw: Any, types: dict[str, str], default: str) -> tuple[Column, ...]:
-    """A mapping `name: {expr, type}` (or `name: expr`) of output columns, validated."""
-    if not isinstance(raw, dict) or not raw:
-        raise fail(where, f"{section} must be a non-empty mapping of column -> {{expr, type}}")
-    columns = []
-    for name, spec in raw.items():
-        identifier(where, f"{section} column", name)
-        if isinstance(spec, str):
-            spec = {"expr": spec}
-        if not isinstance(spec, dict) or not isinstance(spec.get("expr"), str) or not spec["expr"].strip():
-            raise fail(where, f"{section}.{name} needs an 'expr' (a Spark SQL expression)")
-        unknown = set(spec) - {"expr", "type"}
-        if unknown:
-            raise fail(where, f"{section}.{name}: unknown setting(s) {sorted(unknown)}; known: expr, type")
-        col_type = spec.get("type", default)
-        if col_type not in types:
-            raise fail(where, f"{section}.{name} type {col_type!r} is not one of {sorted(types)}")
-        columns.append(Column(name, spec["expr"], col_type))
-    return tuple(columns)
+def _expression_shorthand(value: Any) -> Any:
+    return {"expr": value} if isinstance(value, str) else value
 
 
-def check_known(where: str, section: str, raw: Any, known: set[str]) -> dict:
-    if not isinstance(raw, dict):
-        raise fail(where, f"{section} must be a mapping")
-    unknown = set(raw) - known
-    if unknown:
-        raise fail(where, f"{section}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-    return raw
+def _named(specs: dict[str, ColumnSpec]) -> tuple[Column, ...]:
+    return tuple(Column(name, spec.expr, spec.type) for name, spec in specs.items())
+
+
+def columns(spec: type[ColumnSpec]) -> Any:
+    """A non-empty mapping `column name -> spec` in the definition; the sink gets a tuple of Columns."""
+    value = Annotated[spec, BeforeValidator(_expression_shorthand, json_schema_input_type=Expression | spec)]
+    return Annotated[dict[Identifier, value], Field(min_length=1), AfterValidator(_named)]
 
 
 def names(columns: Sequence[str], side: str | None = None) -> sql.Composable:
@@ -183,16 +174,13 @@ def ranges_table(ranges: Sequence[OffsetRange]) -> tuple[str, tuple]:
     )
 
 
-class Sink(ABC):
-    """One kind of output of a pipeline. Instances are immutable parts of a pipeline definition."""
+class Sink(Model, ABC):
+    """One kind of output of a pipeline. Instances are immutable parts of a pipeline definition: the
+    sink's fields are its section of the definition (`sinks: {<kind>: ...}`), validated by their types."""
 
     kind: ClassVar[str]
-    table: str
-
-    @classmethod
-    @abstractmethod
-    def parse(cls, where: str, raw: Any) -> Sink:
-        """Validate the sink's section of a pipeline definition."""
+    table: Identifier
+    """The table in the public schema that holds the output (created when missing)."""
 
     @property
     def required_columns(self) -> tuple[Column, ...]:

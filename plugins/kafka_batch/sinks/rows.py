@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
+from pydantic import model_validator
 
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
@@ -35,21 +35,19 @@ class StagedRows:
     rows: int
 
 
-@dataclass(frozen=True)
 class RowsSink(Sink):
-    kind = "rows"
-    table: str
-    columns: tuple[base.Column, ...]
+    """Every visible record's columns, once: `sinks: {rows: {table, columns}}`."""
 
-    @classmethod
-    def parse(cls, where: str, raw: Any) -> RowsSink:
-        raw = base.check_known(where, "sinks.rows", raw, {"table", "columns"})
-        table = base.identifier(where, "sinks.rows.table", raw.get("table"))
-        columns = base.parse_columns(where, "sinks.rows.columns", raw.get("columns"), base.COLUMN_TYPES, "text")
-        reserved = sorted({c.name for c in columns} & set(KEY))
+    kind = "rows"
+    columns: base.columns(base.ColumnSpec)
+    """The columns besides the record's key (kafka_topic, kafka_partition, kafka_offset), which every row has."""
+
+    @model_validator(mode="after")
+    def _not_the_key(self) -> RowsSink:
+        reserved = sorted({c.name for c in self.columns} & set(KEY))
         if reserved:
-            raise base.fail(where, f"sinks.rows column name(s) {reserved} are reserved for the record's key")
-        return cls(table, columns)
+            raise ValueError(f"column name(s) {reserved} are reserved for the record's key")
+        return self
 
     @property
     def columns_used(self) -> tuple[base.Column, ...]:

@@ -1,6 +1,6 @@
 """The createRDD idea on DataFrames: fixed offset ranges read by Spark tasks, records as Arrow.
 
-The driver packs the (sub-)ranges into tasks (`core.ranges.pack_tasks`): a big range keeps its own
+The driver packs the (sub-)ranges into tasks (`ranges.pack_tasks`): a big range keeps its own
 task, many small ones share one, read by one consumer assigned to all their partitions. One Spark
 partition per task (`spark.range(n, numPartitions=n)`: partition i holds the number i, so no task
 rows are shipped through Python); each executor task reads its ranges with
@@ -15,7 +15,6 @@ import gc
 import operator
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -178,5 +177,5 @@ def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRang
     columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
     plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
     numbers = spark.range(0, len(plain), 1, len(plain))
-    return numbers.mapInArrow(_read_tasks(kafka_config, plain, asdict(settings), columns, fields, progress),
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, settings.model_dump(), columns, fields, progress),
                               record_schema(columns, fields))
