@@ -10,7 +10,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export KAFKA_BATCH_HOME ?= $(CURDIR)/.local
 WITH_ENV := source "$(KAFKA_BATCH_HOME)/env.sh" &&
 
-.PHONY: install up airflow down demo test test-browser test-unit lint bench chaos lock clean chromium schema
+.PHONY: install up airflow down demo demo-customers test test-browser test-unit lint bench chaos lock clean chromium schema
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ down:
 
 demo: up
 	$(WITH_ENV) $(BIN)/python scripts/demo.py
+
+# The upsert sink's samples: a keyed topic and Debezium change events mirrored, rewound and run again.
+demo-customers: up
+	$(WITH_ENV) $(BIN)/python scripts/demo_customers.py
 
 # The browser tests drive Debian's Chromium (Playwright cannot download its own browser here).
 CHROMIUM ?= /usr/bin/chromium

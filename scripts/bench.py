@@ -11,6 +11,10 @@ One run produces the data, plans every batch, then measures (each with the load 
   Spark Connect   the small and big runs (small first: a fresh server's first job also compiles its
                   JIT) and the fixed cost again through a long-lived Spark Connect server
   commit          commit_batch of 100k distinct aggregate contribution rows
+  upsert          an upsert pipeline over UPSERT_RECORDS records of UPSERT_KEYS customers (5% tombstones),
+                  via spark-submit and via Spark Connect, against a plain consumer that upserts each
+                  consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
+                  100k changed keys; the history table's size per million records
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
@@ -123,10 +127,10 @@ class Env:
         self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
         return pipeline
 
-    def plan(self, pipeline):
+    def plan(self, pipeline, run_id: str = "bench"):
         conn = database.connect(self.postgres)
         try:
-            return planning.plan_batch(conn, KafkaOffsets(self.kafka), pipeline, run_id="bench")
+            return planning.plan_batch(conn, KafkaOffsets(self.kafka), pipeline, run_id=run_id)
         finally:
             conn.close()
 
@@ -331,10 +335,10 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
     conn = database.connect(env.postgres)
     committed = batches.load_batch(conn, batch.id)
     with conn.cursor() as cur:
-        cur.execute("SELECT read_tasks FROM kafka_batch.batches WHERE id = %s", (batch.id,))
-        [(read_tasks,)] = cur.fetchall()
+        cur.execute("SELECT read_tasks, records_tombstone FROM kafka_batch.batches WHERE id = %s", (batch.id,))
+        [(read_tasks, tombstones)] = cur.fetchall()
     conn.close()
-    assert committed.status == "committed" and committed.records_read == batch.span, (committed, batch.span)
+    assert committed.status == "committed" and committed.records_read + tombstones == batch.span, (committed, batch.span)
     breakdown = phases(timings.read(str(marks)))
     marks.unlink()
     mb = {k: round(v / 2**20) for k, v in rss.peaks.items()}
@@ -433,6 +437,161 @@ def commit_rows(env: Env, rows: int) -> float:
     return seconds
 
 
+def upsert_pipeline(env: Env, name: str, topic: str, spark: str):
+    """The `customers` sample on the bench's topic, with tables of its own."""
+    definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "customers.yaml").read_text())
+    name = f"{env.prefix}_{name}"
+    definition.update(name=name, topics=[topic], connections={"spark": spark},
+                      limits={"max_records_per_partition": 10**9, "max_records_per_batch": 10**9})
+    definition["sinks"]["upsert"]["table"] = name
+    (env.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
+    pipeline = load_pipeline(name)
+    [sink] = pipeline.sinks
+    env.tables += [("public", sink.table), ("kafka_batch", sink.history_name)]
+    return pipeline
+
+
+def upsert_baseline(env: Env, ranges, name: str) -> int:
+    """What a user writes without the project (the Kafka Connect JDBC sink's way): per consumed chunk, the
+    last record per key upserted with execute_values, tombstones deleted, and the offsets moved by
+    compare-and-set, in one transaction."""
+    import psycopg2
+    from psycopg2.extras import execute_values
+
+    table = f"{env.prefix}_{name}"
+    conn = psycopg2.connect(**env.postgres)
+    with conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (customer_id text PRIMARY KEY, name text, balance bigint,"
+                    " updated_at timestamptz)")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table}_offsets (topic text, partition int, next_offset bigint,"
+                    " PRIMARY KEY (topic, partition))")
+        execute_values(cur, f"INSERT INTO {table}_offsets VALUES %s ON CONFLICT DO NOTHING",
+                       [(r.topic, r.partition, r.from_offset) for r in ranges])
+    consumer = plain_consumer(env.kafka, ranges, tuned=True)
+    ends = {(r.topic, r.partition): r.until_offset for r in ranges}
+    count, chunk, positions = 0, {}, {}
+    messages = consume_ranges(consumer, ranges)
+
+    def flush():
+        with conn, conn.cursor() as cur:
+            for (topic, partition), (start, end) in positions.items():
+                cur.execute(f"UPDATE {table}_offsets SET next_offset = %s WHERE topic = %s AND partition = %s"
+                            " AND next_offset = %s", (end, topic, partition, start))
+                if cur.rowcount != 1:
+                    raise RuntimeError("compare-and-set lost")
+            rows = [(k, v["name"], v["balance"], datetime.fromtimestamp(v["updated_at"] / 1000, UTC))
+                    for k, v in chunk.items() if v is not None]
+            if rows:
+                execute_values(cur, f"INSERT INTO {table} VALUES %s ON CONFLICT (customer_id) DO UPDATE SET"
+                               " name = EXCLUDED.name, balance = EXCLUDED.balance, updated_at = EXCLUDED.updated_at", rows)
+            gone = [k for k, v in chunk.items() if v is None]
+            if gone:
+                cur.execute(f"DELETE FROM {table} WHERE customer_id = ANY(%s)", (gone,))
+        chunk.clear()
+        positions.clear()
+
+    for m in messages:
+        count += 1
+        key = (m.topic(), m.partition())
+        start = positions.get(key, (None, None))[0]
+        positions[key] = (m.offset() if start is None else start, m.offset() + 1)
+        chunk[m.key().decode()] = None if m.value() is None else json.loads(m.value())
+        if count % 10_000 == 0 or m.offset() + 1 >= ends[key]:
+            flush()
+    flush()
+    consumer.close()
+    conn.close()
+    return count
+
+
+def history_size(env: Env, pipeline, records: int) -> None:
+    [sink] = pipeline.sinks
+    table = sql.Identifier("kafka_batch", sink.history_name)
+    conn = database.connect(env.postgres)
+    with conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT pg_total_relation_size(%s), count(*), count(DISTINCT customer_id) FROM {}")
+                    .format(table), (table.as_string(cur),))
+        size, rows, keys = cur.fetchone()
+    conn.close()
+    row("upsert history table", size / 2**20 / (records / 1e6), "MB/M records",
+        f"{rows:,} rows for {keys:,} keys, {size / 2**20:.1f} MB with indexes after {records:,} records (one row per"
+        " key and range that changed it; the replay horizon folds older ranges into one row per key)", rows=rows)
+
+
+def upsert_commit(env: Env, keys: int) -> tuple[float, float]:
+    """commit_batch of an upsert result of `keys` keys staged as the executors stage it: once into an empty
+    table (inserts), then the same keys changed (a second batch: updates against their history)."""
+    from kafka_batch.sinks import staging
+    from kafka_batch.sinks.base import copy_arrow
+
+    topic = f"{env.prefix}_upsert_commit"
+    sample_data.ensure_topic(env.kafka, topic, 4)
+    pipeline = upsert_pipeline(env, "upsert_commit", topic, SUBMIT)
+    [sink] = pipeline.sinks
+    seconds = []
+    for n in range(2):
+        produce_per_partition(env.kafka, topic, 4, 10, seed=3 + n)
+        batch = env.plan(pipeline, run_id=f"commit-{n}")
+        conn = database.connect(env.postgres)
+        try:
+            attempt = attempts.claim_attempt(conn, batch.id)
+            name = staging.create_stage(env.postgres, batch.id, attempt, sink.kind, sql.Identifier("kafka_batch",
+                                                                                                     sink.history_name))
+            ids = [r.range_id for r in batch.ranges]
+            rows = pa.table({
+                "range_id": pa.array([ids[i % len(ids)] for i in range(keys)], pa.int64()),
+                "customer_id": pa.array([f"c{i:07d}" for i in range(keys)]),
+                "deleted": pa.array([False] * keys),
+                "kafka_topic": pa.array([topic] * keys),
+                "kafka_partition": pa.array([ids.index(ids[i % len(ids)]) for i in range(keys)], pa.int32()),
+                "kafka_offset": pa.array([n * keys + i for i in range(keys)], pa.int64()),
+                "name": pa.array([f"name {n}"] * keys),
+                "balance": pa.array([i + n for i in range(keys)], pa.int64()),
+                "updated_at": pa.array([1_700_000_000_000_000 + i for i in range(keys)], pa.timestamp("us", tz="UTC")),
+            })
+            with conn, conn.cursor() as cur:
+                copy_arrow(cur, staging.staged(name), rows.select(sink.history_columns))
+            counts = {rid: RangeCounts(records=10) for rid in ids}
+            settle()  # timed from a nearly idle machine
+            started = time.monotonic()
+            commit_batch(conn, pipeline, batch.id, attempt, {"upsert": SinkOutput(counts, staging.StagedRows(name, keys))}, 1)
+            seconds.append(time.monotonic() - started)
+        finally:
+            conn.close()
+    return seconds[0], seconds[1]
+
+
+def measure_upsert(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The upsert line: its rows and its targets."""
+    topic = f"{env.prefix}_customers"
+    sample_data.ensure_topic(env.kafka, topic, args.partitions)
+    sample_data.produce_customers(env.kafka, topic, args.upsert_records, seed=9, customers=args.upsert_keys,
+                                  delete_share=0.05)
+    jobs = [(f"upsert, {MODE[spark]}", upsert_pipeline(env, f"upsert_{i}_{spark}", topic, spark))
+            for i in range(args.repeat) for spark in (SUBMIT, CONNECT)]
+    planned = [(label, pipeline, env.plan(pipeline)) for label, pipeline in jobs]
+    ranges = planned[0][2].ranges
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for i in range(args.repeat):
+        env.tables += [("public", f"{env.prefix}_upsert_baseline_{i}"), ("public", f"{env.prefix}_upsert_baseline_{i}_offsets")]
+        base = read_row("upsert plain consumer", "consume + json + execute_values upserts per chunk + CAS", upsert_baseline,
+                        env, ranges, f"upsert_baseline_{i}")
+        for label, pipeline, batch in planned[2 * i:2 * i + 2]:
+            runs[label].append(spark_run(env, pipeline, batch, label))
+    history_size(env, planned[0][1], planned[0][2].span)
+    inserted_s, changed_s = upsert_commit(env, args.upsert_commit_keys)
+    row("upsert commit", changed_s, "s", f"{args.upsert_commit_keys:,} changed keys (first commit, all new keys:"
+        f" {inserted_s:.2f} s)", first_commit_s=round(inserted_s, 2))
+    best = {label: min(r["seconds"] for r in rs) for label, rs in runs.items()}
+    records = planned[0][2].span
+    return [
+        (f"7 upsert / plain upsert consumer >= 1.5, {MODE[SUBMIT]}", records / best[f"upsert, {MODE[SUBMIT]}"] / base["value"],
+         1.5, ">="),
+        ("7 same, Spark Connect", records / best[f"upsert, {MODE[CONNECT]}"] / base["value"], 1.5, ">="),
+        (f"7 upsert commit of {args.upsert_commit_keys // 1000}k changed keys (s) <= 2", changed_s, 2, "<="),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=3_000_000, help="the big Spark run (and the reads)")
@@ -442,9 +601,12 @@ def main() -> int:
     parser.add_argument("--many-records", type=int, default=100_000)
     parser.add_argument("--commit-rows", type=int, default=100_000)
     parser.add_argument("--fixed-records", type=int, default=1000)
+    parser.add_argument("--upsert-records", type=int, default=1_000_000)
+    parser.add_argument("--upsert-keys", type=int, default=100_000)
+    parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the reads and the Spark jobs of targets 1 and 2; each figure is its best round")
-    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit); no target table")
+    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, upsert); no target table")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
     args = parser.parse_args()
@@ -470,6 +632,9 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
             fixed_cost(env, args.fixed_records, CONNECT)
         if "commit" in parts:
             row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
+        if "upsert" in parts:
+            for name, value, limit, op in measure_upsert(args, env):
+                print(f"{name:<52} {value:>8.2f}  {'PASS' if (value >= limit if op == '>=' else value <= limit) else 'FAIL'}")
         return 0
 
     # The data, then every plan, before anything is measured.
@@ -533,6 +698,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
+    upsert_targets = measure_upsert(args, env)
 
     targets = [
         ("1 spark big / plain consumer >= 1.5, spark-submit", (big_run["records"] / big_run["seconds"]) / base["value"], 1.5, ">="),
@@ -545,6 +711,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
         ("5 commit of 100k rows (s) <= 2", commit_s, 2, "<="),
         ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
          "<="),
+        *upsert_targets,
     ]
     print(f"\n{'measure (best of its rounds)':<34} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 86)
     for r in ROWS:

@@ -7,7 +7,8 @@ zombie left running while the run is retried, Postgres sessions terminated, two 
 racing a batch, Postgres or the broker restarted), lets the pipeline recover without faults, and then
 checks, with a plain read_committed consumer that shares no code with the pipeline's reader:
 
-  1. the aggregate and the rows outputs equal what the committed records below the positions give;
+  1. the aggregate, rows and upsert outputs equal what the committed records below the positions give
+     (the upsert's: per key, the latest valid record by (partition, offset), deletes applied);
   2. per partition, the live ledger ranges form one contiguous chain from the start to the position;
   3. no aborted record is counted, every invalid record is quarantined and none is counted;
   4. positions never move back (no reset is made here);
@@ -141,6 +142,15 @@ def produce(topic: str, partitions: int, count: int, rng: random.Random, open_tx
 
 # --- the independent checker -------------------------------------------------------------------------
 
+# The upsert sink mirrors 256 keys, the first two hex digits of a record's id; a record with an amount of
+# at most UPSERT_DELETE_AT_MOST deletes its key (the sink's `delete_when`).
+UPSERT_DELETE_AT_MOST = 100
+
+
+def upsert_key(record_id: str) -> str:
+    return record_id[:2]
+
+
 def committed_records(topic: str, ends: dict[int, int]) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of every committed record still in the topic below `ends`
     (partition -> offset), read_committed from the log start."""
@@ -220,6 +230,15 @@ def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory) -> 
         extra, missing = set(rows) - set(valid), set(valid) - set(rows)
         violations.append(f"rows differ: {len(extra)} not expected (e.g. {sorted(extra)[:3]}), {len(missing)} missing"
                           f" (e.g. {sorted(missing)[:3]})")
+    latest: dict = {}
+    for _, (record_id, _, amount) in sorted(valid.items()):  # in (partition, offset) order: the latest wins
+        latest[upsert_key(record_id)] = None if amount <= UPSERT_DELETE_AT_MOST else (record_id, amount)
+    expected_upsert = {k: v for k, v in latest.items() if v is not None}
+    mirrored = {k: (i, a) for k, i, a in sql(f"SELECT bucket, id, amount FROM {tables['upsert']}")}
+    if mirrored != expected_upsert:
+        wrong = {k for k in set(mirrored) | set(expected_upsert) if mirrored.get(k) != expected_upsert.get(k)}
+        violations.append(f"upsert differs on {len(wrong)} key(s), e.g. {sorted(wrong)[:3]}: expected"
+                          f" {[expected_upsert.get(k) for k in sorted(wrong)[:3]]}, found {[mirrored.get(k) for k in sorted(wrong)[:3]]}")
     quarantined = {(p, o) for p, o in sql(
         'SELECT partition, "offset" FROM kafka_batch.quarantine WHERE pipeline = %s', pipeline)}
     if quarantined != invalid:
@@ -577,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.scenarios.split(","):
         outcome = results[name] = Outcome()
         pipeline = f"chaos_{name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
-        topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records"}
+        topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records",
+                                              "upsert": f"{pipeline}_latest"}
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
         admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
         definition = {
@@ -589,7 +609,10 @@ def main(argv: list[str] | None = None) -> int:
             "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
                                     "measures": {"n": "1", "amount": "amount"}},
                       "rows": {"table": tables["rows"], "columns": {"id": "id", "amount": {"expr": "amount",
-                                                                                            "type": "bigint"}}}},
+                                                                                            "type": "bigint"}}},
+                      "upsert": {"table": tables["upsert"], "key": {"bucket": "substr(id, 1, 2)"},
+                                 "columns": {"id": "id", "amount": {"expr": "amount", "type": "bigint"}},
+                                 "delete_when": f"amount <= {UPSERT_DELETE_AT_MOST}"}},
         }
         path = pipelines_dir / f"{pipeline}.yaml"
         path.write_text(yaml.safe_dump(definition, sort_keys=False))

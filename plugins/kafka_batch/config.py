@@ -43,6 +43,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FIELD_TYPES = ("string", "long", "int", "double", "boolean", "timestamp")
 # Columns every record has besides its parsed fields; expressions may use them.
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
+# The columns an envelope adds besides the fields it wraps (kafka_batch.spark.envelope).
+ENVELOPE_COLUMNS = {"debezium": ("op", "ts_ms", "source")}
 
 
 def pipelines_dir() -> Path:
@@ -156,9 +158,20 @@ class Record(Model):
 
     format: Literal["json"] = "json"
     """The value's encoding."""
+    envelope: Literal[tuple(ENVELOPE_COLUMNS)] | None = None  # type: ignore[valid-type]
+    """A wrapper around the fields. `debezium`: a change event; the fields come from `after` (from
+    `before` for a delete), with or without the JSON converter's {schema, payload} wrapper, and `op`,
+    `ts_ms` and `source` (`source.lsn`, `source.ts_ms`, ...) become columns expressions can use."""
     fields: Annotated[dict[Annotated[str, AfterValidator(_plain_field_name)], Literal[FIELD_TYPES]],  # type: ignore[valid-type]
                       Field(min_length=1)]
     """Each field of the value the pipeline uses, with its type; expressions name them as they are."""
+
+    @model_validator(mode="after")
+    def _not_an_envelope_column(self) -> Record:
+        clash = sorted(set(self.fields) & set(ENVELOPE_COLUMNS.get(self.envelope, ())))
+        if clash:
+            raise ValueError(f"field name(s) {clash} clash with the {self.envelope} envelope's columns")
+        return self
 
 
 def _one_or_many(value: Any) -> Any:

@@ -320,3 +320,10 @@ def records_by_partition(topic: str) -> dict[int, list[tuple[int, int]]]:
     for message in _committed_messages(topic, partitions):
         found[message.partition()].append((message.offset(), message.timestamp()[1]))
     return found
+
+
+def committed_records(topic: str) -> list[tuple[int, int, bytes | None, bytes | None, int]]:
+    """(partition, offset, key, value, timestamp ms) of every committed record (tombstones too), read
+    with a plain read_committed consumer, in offset order per partition."""
+    return [(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
+            for m in _committed_messages(topic, _partitions(topic))]

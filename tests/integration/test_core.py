@@ -25,8 +25,9 @@ from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
 from kafka_batch.errors import FencedAttempt, InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange
+from kafka_batch.sinks import staging
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
-from kafka_batch.sinks.rows import StagedRows, stage_rows
+from kafka_batch.sinks.rows import KEY, rows_to_stage
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     kafka_config,
@@ -78,10 +79,7 @@ def _aggregate_output(batch, views_per_range: int, page: str = "/") -> SinkOutpu
 def _rows_output(pipeline, batch, attempt, views_per_range: int, page: str = "/") -> SinkOutput:
     """The rows sink's executor writer, run in-process: one row per offset from each range's start."""
     sink = _sink(pipeline, "rows")
-    conn = pg_connect()
-    with conn.cursor() as cur:
-        name = sink.create_stage(cur, batch.id, attempt)
-    conn.close()
+    name = staging.create_stage(_postgres(), batch.id, attempt, sink.kind, sink._target)
     rows = [(r.range_id, r.topic, r.partition, r.from_offset + n) for r in batch.ranges for n in range(views_per_range)]
     data = pa.RecordBatch.from_pydict({
         "range_id": pa.array([r[0] for r in rows], pa.int64()),
@@ -95,10 +93,10 @@ def _rows_output(pipeline, batch, attempt, views_per_range: int, page: str = "/"
         "duration_ms": pa.array([10] * len(rows), pa.int64()),
         "viewed_at": pa.array([MINUTE] * len(rows), pa.timestamp("us", tz="UTC")),
     })
-    [written] = list(stage_rows(_postgres(), name, sink.column_names)(iter([data])))
-    counts = {rid: RangeCounts(n, 0) for rid, n in zip(written["range_id"].to_pylist(), written["records"].to_pylist(),
-                                                       strict=True)}
-    return SinkOutput(counts, StagedRows(name, len(rows)))
+    [written] = list(staging.stage_task(_postgres(), name, KEY, sink.column_names, rows_to_stage)(iter([data])))
+    counts, staged = staging.reported(pa.Table.from_batches([written]), name)
+    assert staged.rows == len(rows)
+    return SinkOutput(counts, staged)
 
 
 def _outputs(pipeline, batch, attempt, views: int, page: str = "/") -> dict:

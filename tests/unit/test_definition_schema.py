@@ -101,12 +101,17 @@ def test_every_sample_loads():
     assert {p.name for p in load_pipelines(PIPELINES).values()} == {s.stem for s in SAMPLES}
 
 
-def test_the_readme_example_is_a_valid_definition():
+def test_the_readme_examples_are_valid_definitions():
     readme = (PROJECT_ROOT / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in readme.split("```yaml\n")[1:]]
     section = readme[readme.index("## Configuring a pipeline"):]
-    example = section[section.index("```yaml\n") + len("```yaml\n"):section.index("```", section.index("```yaml\n") + 7)]
-    assert example.splitlines()[0] == MODELINE
-    raw = yaml.safe_load(example)
-    _validator().validate(raw)
-    pipeline = parse_pipeline(raw, source="README.md")
-    assert [s.kind for s in pipeline.sinks] == ["aggregate", "rows"]
+    full = section[section.index("```yaml\n") + len("```yaml\n"):].split("```", 1)[0]
+    assert full.splitlines()[0] == MODELINE
+    _validator().validate(yaml.safe_load(full))
+    assert [s.kind for s in parse_pipeline(yaml.safe_load(full), source="README.md").sinks] == ["aggregate", "rows"]
+    kinds = set()
+    for block in blocks:  # a fragment (sinks and record only) gets a name and a topic
+        raw = {"name": "example", "topics": "example", **yaml.safe_load(block)}
+        _validator().validate(raw)
+        kinds |= {s.kind for s in parse_pipeline(raw, source="README.md").sinks}
+    assert kinds == {"aggregate", "rows", "upsert"}

@@ -1,4 +1,5 @@
-"""Sample page views for the demo, the benchmark and the tests (deterministic for a seed)."""
+"""Sample data for the demos, the benchmark and the tests (deterministic for a seed): page views,
+customers of a keyed topic (updates and tombstones), and Debezium change events of a customers table."""
 
 from __future__ import annotations
 
@@ -21,6 +22,32 @@ def ensure_topic(config: dict[str, Any], topic: str, partitions: int) -> None:
         future.result()
 
 
+def _producer(config: dict[str, Any]) -> Producer:
+    return Producer({
+        "bootstrap.servers": config["bootstrap.servers"],
+        **{k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))},
+        "enable.idempotence": True,
+        "linger.ms": 20,
+        "batch.num.messages": 10_000,
+    })
+
+
+def _send(producer: Producer, topic: str, key: str | bytes, value: str | bytes | None, **more: Any) -> None:
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, **more)
+            break
+        except BufferError:
+            producer.poll(0.5)
+    producer.poll(0)
+
+
+def _flush(producer: Producer, topic: str) -> None:
+    remaining = producer.flush(60)
+    if remaining:
+        raise RuntimeError(f"{remaining} records to {topic} were not delivered")
+
+
 def page_view(rng: random.Random) -> tuple[str, dict]:
     user = f"user-{rng.randrange(1000)}"
     return user, {"user_id": user, "page": rng.choice(PAGES), "duration_ms": rng.randrange(10, 60_000)}
@@ -31,26 +58,65 @@ def produce_page_views(
 ) -> None:
     """Produce `count` JSON page views keyed by user, idempotently; timestamps spaced by spacing_ms."""
     rng = random.Random(seed)
-    producer = Producer({
-        "bootstrap.servers": config["bootstrap.servers"],
-        **{k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))},
-        "enable.idempotence": True,
-        "linger.ms": 20,
-        "batch.num.messages": 10_000,
-    })
+    producer = _producer(config)
     for i in range(count):
         key, value = page_view(rng)
         timestamp = None if start_ms is None else start_ms + i * spacing_ms
-        while True:
-            try:
-                if timestamp is None:
-                    producer.produce(topic, key=key, value=json.dumps(value))
-                else:
-                    producer.produce(topic, key=key, value=json.dumps(value), timestamp=timestamp)
-                break
-            except BufferError:
-                producer.poll(0.5)
-        producer.poll(0)
-    remaining = producer.flush(60)
-    if remaining:
-        raise RuntimeError(f"{remaining} records to {topic} were not delivered")
+        _send(producer, topic, key, json.dumps(value), **({} if timestamp is None else {"timestamp": timestamp}))
+    _flush(producer, topic)
+
+
+NAMES = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Margaret", "Niklaus"]
+
+
+def customer(rng: random.Random, key: str, updated_at: int) -> dict:
+    return {"customer_id": key, "name": rng.choice(NAMES), "balance": rng.randrange(-1_000, 100_000),
+            "updated_at": updated_at}
+
+
+def produce_customers(config: dict[str, Any], topic: str, count: int, seed: int = 0, customers: int = 1_000,
+                      delete_share: float = 0.1) -> None:
+    """A keyed topic of customers: each record the customer's new state, keyed by its id (so a customer
+    lives in one partition); `delete_share` of them tombstones (null values: the customer is gone)."""
+    rng = random.Random(seed)
+    producer = _producer(config)
+    for i in range(count):
+        key = f"c{rng.randrange(customers):05d}"
+        value = None if rng.random() < delete_share else json.dumps(customer(rng, key, 1_700_000_000_000 + i))
+        _send(producer, topic, key, value)
+    _flush(producer, topic)
+
+
+def produce_customer_changes(config: dict[str, Any], topic: str, count: int, table: dict[str, dict],
+                             seed: int = 0, customers: int = 500, first_lsn: int = 1_000) -> None:
+    """Debezium change events of a `customers` table, as its Postgres connector writes them with the JSON
+    converter ({schema, payload}; a delete's `before` holds the key only, and a tombstone follows it).
+    `table` is the source table's state, changed in place: what a mirror must equal afterwards."""
+    rng = random.Random(seed)
+    producer = _producer(config)
+    lsn = max([first_lsn, *(row["_lsn"] for row in table.values())])
+    for _ in range(count):
+        key = f"c{rng.randrange(customers):05d}"
+        lsn += rng.randrange(1, 50)
+        old = table.get(key)
+        if old is not None and rng.random() < 0.2:
+            op, before, after = "d", {"customer_id": key}, None
+            del table[key]
+        else:
+            op, before, after = ("u" if old else "c"), _row(old), customer(rng, key, lsn)
+            table[key] = {**after, "_lsn": lsn}
+        event = {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000 + lsn, "transaction": None,
+                 "source": {"version": "3.0.0.Final", "connector": "postgresql", "name": "shop", "db": "shop",
+                            "schema": "public", "table": "customers", "lsn": lsn, "txId": lsn // 7,
+                            "ts_ms": 1_700_000_000_000 + lsn, "snapshot": "false"}}
+        message_key = json.dumps({"schema": {"type": "struct", "name": "shop.public.customers.Key"},
+                                  "payload": {"customer_id": key}})
+        _send(producer, topic, message_key, json.dumps({"schema": {"type": "struct", "name": "shop.public.customers.Envelope"},
+                                                        "payload": event}))
+        if op == "d":
+            _send(producer, topic, message_key, None)
+    _flush(producer, topic)
+
+
+def _row(state: dict | None) -> dict | None:
+    return None if state is None else {k: v for k, v in state.items() if not k.startswith("_")}

@@ -34,7 +34,7 @@ class Reset:
         return "rewind" if self.target < self.position else "skip" if self.target > self.position else "none"
 
     def __str__(self) -> str:
-        what = {"rewind": f"rewind, {len(self.retired)} committed range(s) removed from the totals",
+        what = {"rewind": f"rewind, {len(self.retired)} committed range(s) removed from the outputs",
                 "skip": f"skip {self.target - self.position} offsets (recorded as skipped)", "none": "no change"}
         return f"{self.topic}[{self.partition}] {self.position} -> {self.target}: {what[self.direction]}{self.note}"
 

@@ -3,7 +3,8 @@
 from kafka_batch.sinks.aggregate import AggregateSink
 from kafka_batch.sinks.base import Sink
 from kafka_batch.sinks.rows import RowsSink
+from kafka_batch.sinks.upsert import UpsertSink
 
-SINKS: dict[str, type[Sink]] = {sink.kind: sink for sink in (AggregateSink, RowsSink)}
+SINKS: dict[str, type[Sink]] = {sink.kind: sink for sink in (AggregateSink, RowsSink, UpsertSink)}
 
-__all__ = ["SINKS", "AggregateSink", "RowsSink", "Sink"]
+__all__ = ["SINKS", "AggregateSink", "RowsSink", "Sink", "UpsertSink"]

@@ -27,8 +27,10 @@ from kafka_batch.sinks.base import (
     SinkOutput,
     StageContext,
     as_json,
+    check_new_ranges,
     columns,
     copy_arrow,
+    create_per_range_table,
     names,
     require_columns,
     same,
@@ -100,17 +102,8 @@ class AggregateSink(Sink):
         )
         keys = names(self.keys)
         cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(self._totals, defs, keys))
-        # No per-row constraint on contributions: a commit COPYs them straight in and checks its rows
-        # once, as a set (see `apply`). Range ids only grow, so rows lie in range-id order and a BRIN
-        # index finds a range's rows (removal, preview) for almost no cost at insert.
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (range_id bigint NOT NULL, {})").format(
-            self._contributions, defs))
-        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING brin (range_id) WITH (autosummarize = on)")
-                    .format(sql.Identifier(f"{self.contributions_name}_range"[:63]), self._contributions))
-        # Removing a range's contribution asks whether any other range still contributes to a key.
-        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-            sql.Identifier(f"{self.contributions_name}_keys"[:63]), self._contributions, keys
-        ))
+        create_per_range_table(cur, SCHEMA, self.contributions_name, sql.SQL("range_id bigint NOT NULL, {}").format(defs),
+                               self.keys)
 
     def compute(self, records, stage: StageContext) -> SinkOutput:
         """One Spark pass: per (range, group key) the measures, records and tombstones; then to the driver."""
@@ -148,17 +141,7 @@ class AggregateSink(Sink):
         if distinct != result.num_rows:
             raise StateError(f"aggregate {self.table}: {result.num_rows - distinct} duplicate (range, key) rows;"
                              " nothing was committed")
-        cur.execute(
-            sql.SQL(
-                "SELECT array(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM kafka_batch.batch_ranges"
-                " WHERE id = ANY(%(ids)s)), EXISTS (SELECT 1 FROM {} WHERE range_id = ANY(%(ids)s))"
-            ).format(self._contributions),
-            {"ids": range_ids},
-        )
-        unknown, present = cur.fetchone()
-        if unknown or present:
-            raise StateError(f"aggregate {self.table}: ranges {sorted(unknown) or range_ids} are unknown or already"
-                             " have contributions; nothing was committed")
+        check_new_ranges(cur, self._contributions, range_ids, f"aggregate {self.table}")
 
     def apply(self, cur, result: pa.Table) -> int:
         """Keep each range's contribution (COPYed straight in) and add them to the totals.

@@ -23,7 +23,7 @@ import pyarrow.csv as pacsv
 from psycopg2 import sql
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from kafka_batch.errors import InputError
+from kafka_batch.errors import InputError, StateError
 from kafka_batch.model import Expression, Identifier, Model
 from kafka_batch.ranges import OffsetRange
 
@@ -162,6 +162,35 @@ def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: 
             "create a new one, then replay the committed ranges into it), or point the sink at a new table"
         )
     return bool(existing)
+
+
+def create_per_range_table(cur, schema: str, name: str, defs: sql.Composable, keys: Sequence[str]) -> None:
+    """A table of per-range state (`range_id` first in `defs`), COPYed into by commits. No per-row
+    constraint: a commit checks its rows once, as a set (`check_new_ranges`). Range ids only grow, so
+    rows lie in range-id order and a BRIN index finds a range's rows for almost no cost at insert; a
+    btree on the key finds a key's rows in every range (removal asks what other ranges hold)."""
+    table = sql.Identifier(schema, name)
+    cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, defs))
+    cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING brin (range_id) WITH (autosummarize = on)")
+                .format(sql.Identifier(f"{name}_range"[:63]), table))
+    cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+        sql.Identifier(f"{name}_keys"[:63]), table, names(keys)))
+
+
+def check_new_ranges(cur, table: sql.Composable, range_ids: Sequence[int], what: str) -> None:
+    """What a foreign key and a key would check row by row, once for a commit's rows: their ranges exist
+    and have no rows in the per-range table yet."""
+    cur.execute(
+        sql.SQL(
+            "SELECT array(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM kafka_batch.batch_ranges"
+            " WHERE id = ANY(%(ids)s)), EXISTS (SELECT 1 FROM {} WHERE range_id = ANY(%(ids)s))"
+        ).format(table),
+        {"ids": list(range_ids)},
+    )
+    unknown, present = cur.fetchone()
+    if unknown or present:
+        raise StateError(f"{what}: ranges {sorted(unknown) or sorted(range_ids)} are unknown or already have rows"
+                         f" in {table.as_string(cur)}; nothing was committed")
 
 
 def ranges_table(ranges: Sequence[OffsetRange]) -> tuple[str, tuple]:

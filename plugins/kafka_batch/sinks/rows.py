@@ -1,16 +1,13 @@
 """The rows sink: every visible record's projected columns, keyed by (topic, partition, offset).
 
-Rows never pass through the driver: each Spark task COPYs its rows into an unlogged staging table of
-the attempt (`kafka_batch_stage.b<batch>_a<attempt>_rows`), and the commit transaction moves that
-table's rows into place. A zombie attempt stages into its own table, which no commit ever moves.
-Removing ranges deletes their offsets, so replay and rewind are exact.
+Rows never pass through the driver: each Spark task stages its rows (kafka_batch.sinks.staging), and
+the commit transaction moves them into place. Removing ranges deletes their offsets, so replay and
+rewind are exact.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,20 +16,11 @@ from pydantic import model_validator
 
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.sinks import base
-from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext
+from kafka_batch.sinks import base, staging
+from kafka_batch.sinks.base import Sink, SinkOutput, StageContext
 
 KEY = ("kafka_topic", "kafka_partition", "kafka_offset")
 _KEY_TYPES = (("kafka_topic", "text"), ("kafka_partition", "integer"), ("kafka_offset", "bigint"))
-STAGE_SCHEMA = "kafka_batch_stage"
-
-
-@dataclass(frozen=True)
-class StagedRows:
-    """Where an attempt's rows wait for the commit, and how many there are."""
-
-    stage: str
-    rows: int
 
 
 class RowsSink(Sink):
@@ -61,16 +49,6 @@ class RowsSink(Sink):
     def _target(self) -> sql.Composable:
         return sql.Identifier("public", self.table)
 
-    def stage_name(self, batch_id: int, attempt: int) -> str:
-        return f"b{batch_id}_a{attempt}_{self.kind}"
-
-    def create_stage(self, cur, batch_id: int, attempt: int) -> str:
-        """An empty staging table for one attempt (unlogged: it is rebuilt by a retry, never recovered)."""
-        name = self.stage_name(batch_id, attempt)
-        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(STAGE_SCHEMA, name)))
-        cur.execute(sql.SQL("CREATE UNLOGGED TABLE {} (LIKE {})").format(sql.Identifier(STAGE_SCHEMA, name), self._target))
-        return name
-
     def create(self, cur, pipeline_name: str) -> None:
         expected = [(n, t) for n, t in _KEY_TYPES] + [(c.name, c.catalog_type) for c in self.columns]
         if base.require_columns(cur, pipeline_name, "public", self.table, expected):
@@ -84,35 +62,25 @@ class RowsSink(Sink):
         ))
 
     def compute(self, records, stage: StageContext) -> SinkOutput:
-        """Executors COPY their rows into the attempt's staging table; only counts reach the driver."""
-        import psycopg2
+        """Executors stage their rows (kafka_batch.sinks.staging); only counts reach the driver."""
         from pyspark.sql import functions as F
 
-        conn = psycopg2.connect(**stage.postgres)
-        try:
-            with conn, conn.cursor() as cur:
-                name = self.create_stage(cur, stage.batch_id, stage.attempt)
-        finally:
-            conn.close()
+        name = staging.create_stage(stage.postgres, stage.batch_id, stage.attempt, self.kind, self._target)
         projected = records.select(
             "range_id", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
             F.col("topic").alias("kafka_topic"), F.col("partition").alias("kafka_partition"),
             F.col("offset").alias("kafka_offset"),
             *[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.columns],
         )
-        written = projected.mapInArrow(
-            stage_rows(stage.postgres, name, self.column_names),
-            "range_id long, records long, tombstones long, invalid long",
-        ).toArrow()
-        totals = written.group_by("range_id").aggregate([(c, "sum") for c in ("records", "tombstones", "invalid")])
-        counts = {t["range_id"]: RangeCounts(t["records_sum"], t["tombstones_sum"], t["invalid_sum"])
-                  for t in totals.to_pylist()}
-        return SinkOutput(counts, StagedRows(name, sum(c.records for c in counts.values())))
+        report = projected.mapInArrow(staging.stage_task(stage.postgres, name, KEY, self.column_names, rows_to_stage),
+                                      staging.REPORT_SCHEMA).toArrow()
+        counts, staged = staging.reported(report, name)
+        return SinkOutput(counts, staged)
 
-    def apply(self, cur, result: StagedRows) -> int:
+    def apply(self, cur, result: staging.StagedRows) -> int:
         """Move the attempt's staged rows into place: the key refuses a record written twice, the count
         a record whose write was lost (a task retry must replace what its killed try wrote, not drop it)."""
-        staged = sql.Identifier(STAGE_SCHEMA, result.stage)
+        staged = staging.staged(result.stage)
         cur.execute(sql.SQL("INSERT INTO {} ({cols}) SELECT {cols} FROM {}").format(
             self._target, staged, cols=base.names(self.column_names)
         ))
@@ -137,9 +105,9 @@ class RowsSink(Sink):
         )
         return cur.rowcount
 
-    def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: StagedRows) -> int:
+    def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: staging.StagedRows) -> int:
         """Per record key: the row now and the row after the replay (null: absent)."""
-        staged = sql.Identifier(STAGE_SCHEMA, result.stage)
+        staged = staging.staged(result.stage)
         values = [c.name for c in self.columns]
         from_ranges, params = base.ranges_table(replaced)
         cur.execute(
@@ -166,62 +134,11 @@ class RowsSink(Sink):
         return changed
 
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:
-        pattern = self.stage_name(batch_id, attempt) if attempt is not None else f"b{batch_id}\\_a%\\_{self.kind}"
-        cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s", (STAGE_SCHEMA, pattern))
-        for (name,) in cur.fetchall():
-            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(STAGE_SCHEMA, name)))
+        staging.discard(cur, batch_id, attempt, self.kind)
 
 
-def stage_rows(postgres: dict, table: str, columns: list[str]):
-    """The executor side: COPY a task's rows in one transaction, yield its counts per range.
-
-    A retried Spark task first deletes what an earlier try of the same task may have committed.
-    """
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import psycopg2
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        retry = context is not None and context.attemptNumber() > 0
-        counts = {"records": Counter(), "tombstones": Counter(), "invalid": Counter()}
-        target = sql.Identifier(STAGE_SCHEMA, table)
-        conn = psycopg2.connect(**postgres)
-        try:
-            with conn, conn.cursor() as cur:
-                if retry:
-                    cur.execute(sql.SQL("CREATE TEMP TABLE task_rows ON COMMIT DROP AS SELECT * FROM {} WITH NO DATA")
-                                .format(target))
-                into = sql.Identifier("task_rows") if retry else target
-                for batch in batches:
-                    skipped = pc.or_(batch.column("_tombstone"), batch.column("_invalid"))
-                    masks = {"tombstones": batch.column("_tombstone"), "invalid": batch.column("_invalid"),
-                             "records": pc.invert(skipped)}
-                    for what, mask in masks.items():
-                        for range_id, n in zip(*_count_by(batch.column("range_id"), mask), strict=True):
-                            counts[what][range_id] += n
-                    rows = batch.filter(masks["records"])
-                    if rows.num_rows:
-                        base.copy_arrow(cur, into, rows.select(columns))
-                if retry:
-                    cur.execute(sql.SQL(
-                        "DELETE FROM {t} s USING task_rows n WHERE {match}; INSERT INTO {t} SELECT * FROM task_rows"
-                    ).format(t=target, match=base.same(KEY, "s", "n")))
-        finally:
-            conn.close()
-        range_ids = sorted(set().union(*counts.values()))
-        yield pa.RecordBatch.from_pydict({
-            "range_id": pa.array(range_ids, pa.int64()),
-            **{what: pa.array([c[r] for r in range_ids], pa.int64()) for what, c in counts.items()},
-        })
-
-    return write
-
-
-def _count_by(range_ids: pa.Array, mask: pa.Array) -> tuple[list[int], list[int]]:
-    """(range ids, how many rows of each), over the rows where `mask` is true."""
-    range_ids = range_ids.filter(mask)
-    if len(range_ids) == 0:
-        return [], []
-    counted = pc.value_counts(range_ids)
-    return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+def rows_to_stage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Table]:
+    """A task's rows to stage (the records that are neither tombstones nor invalid) and their counts."""
+    records = pc.invert(pc.or_(batch.column("_tombstone"), batch.column("_invalid")))
+    counts = staging.range_counts_of(batch, records, batch.column("_tombstone"), batch.column("_invalid"))
+    return batch.filter(records), counts

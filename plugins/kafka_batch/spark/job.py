@@ -293,7 +293,8 @@ def _columns(pipeline: Pipeline) -> tuple[str, ...]:
 
 def _reader_fields(pipeline: Pipeline) -> dict[str, str] | None:
     """The JSON fields for the reader to parse: all of them if pyarrow parses their types as from_json does."""
-    return pipeline.fields if parses_in_reader(pipeline.fields) else None
+    plain = pipeline.record.envelope is None  # an envelope's fields sit inside it: from_json parses those
+    return pipeline.fields if plain and parses_in_reader(pipeline.fields) else None
 
 
 def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: batches.Batch, counts: dict) -> pa.Table | None:

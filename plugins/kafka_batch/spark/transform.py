@@ -1,7 +1,8 @@
 """Records -> parsed records: the pipeline's JSON fields next to the record's metadata, validated.
 
 Every sink computes from this one DataFrame. Tombstones (null values) stay, flagged `_tombstone`, so
-sinks can count them. A record the pipeline cannot process (a value over `max_value_bytes`, not a
+sinks can count them; `_deleted` flags the records that say their key is gone (a tombstone, or an
+envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record the pipeline cannot process (a value over `max_value_bytes`, not a
 JSON object with the declared fields, or a null where a sink needs a key) gets its reason in
 `_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
 such a record stops the batch instead, with raise_error naming its topic, partition and offset.
@@ -20,16 +21,14 @@ from pyspark.sql import functions as F
 
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import INVALID_RECORD
+from kafka_batch.spark.envelope import Unwrapped, value_schema
 from kafka_batch.spark.json_fields import PARSED, field_column
 
+_PROBLEM = "_envelope_problem"
 METADATA = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value")
 # What a quarantine row keeps of a record (its value is cut to QUARANTINE_KEEP_BYTES; the length is kept).
 QUARANTINE_COLUMNS = ("range_id", "topic", "partition", "offset", "timestamp", "key", "value", "value_bytes", "reason")
 QUARANTINE_KEEP_BYTES = 65_536
-
-
-def _json_schema(pipeline: Pipeline) -> str:
-    return ", ".join(f"`{name}` {ftype}" for name, ftype in pipeline.fields.items())
 
 
 def _reason(pipeline: Pipeline) -> Column:
@@ -43,7 +42,13 @@ def _reason(pipeline: Pipeline) -> Column:
         F.when(F.col("_tombstone"), F.lit(None))
         .when(F.length("value") > limit, F.format_string(f"value of %d bytes is over max_value_bytes {limit}",
                                                            F.length("value")))
-        .when(_any(missing), F.format_string(
+    )
+    lacking = _any(missing)
+    if pipeline.record.envelope is not None:  # not an event of the envelope; a delete may lack fields
+        reason = reason.when(F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM))
+        lacking = ~F.col("_deleted") & lacking
+    reason = (
+        reason.when(lacking, F.format_string(
             "not a JSON object with the fields %s (missing, null or mistyped: %s)",
             F.lit(", ".join(f"{n}: {t}" for n, t in pipeline.fields.items())), _names_where(missing)))
     )
@@ -63,17 +68,21 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     in_reader = PARSED in records.columns
     if in_reader:
         text = F.when(~F.col(PARSED), text)  # null, so nothing to parse, where the reader parsed
-    parsed = records.withColumn("_parsed", F.from_json(text, _json_schema(pipeline)))
+    envelope = pipeline.record.envelope
+    parsed = records.withColumn("_parsed", F.from_json(text, value_schema(pipeline.fields, envelope)))
+    value = Unwrapped(F.col("_parsed"), pipeline.fields, envelope)
 
     def field(name: str) -> Column:
-        by_spark = F.col("_parsed").getField(name)
+        by_spark = value.field(name)
         return (F.when(F.col(PARSED), F.col(field_column(name))).otherwise(by_spark) if in_reader else by_spark).alias(name)
 
     fields = [field(name) for name in pipeline.fields]
     # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
     metadata = [c for c in METADATA if c in records.columns]
-    flat = parsed.select(*metadata, *fields, F.col("value").isNull().alias("_tombstone"))
-    checked = flat.withColumn("_invalid", _reason(pipeline))
+    tombstone = F.col("value").isNull()
+    flat = parsed.select(*metadata, *fields, *value.extra, tombstone.alias("_tombstone"),
+                         (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM))
+    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM)
     if pipeline.on_invalid_record == "quarantine":
         return checked
     rejected = F.raise_error(F.format_string(
