@@ -64,13 +64,13 @@ lint: install
 	$(BIN)/ruff check .
 
 bench: install
-	$(BIN)/kafka-batch local up --spark-connect
+	$(BIN)/kafka-batch local up
 	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 # Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 10000" for a full run.
 # Strikes go through spark-submit; the fault-free recovery after each runs on the Spark Connect server.
 chaos: install
-	$(BIN)/kafka-batch local up --spark-connect
+	$(BIN)/kafka-batch local up
 	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect $(CHAOS_ARGS)
 
 # The pipeline definition's JSON Schema (editors) and reference, written from the typed model; a test fails

@@ -99,7 +99,7 @@ def chaos_environment() -> dict[str, str]:
 def connect_environment(env: dict[str, str]) -> dict[str, str]:
     """The same pipelines, run on the local Spark Connect server: their `spark_default` points at it."""
     if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" not in env:
-        raise SystemExit("--recover-on spark-connect needs the Spark Connect server: kafka-batch local up --spark-connect")
+        raise SystemExit("--recover-on spark-connect needs the Spark Connect server: kafka-batch local up starts it")
     return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]}
 
 
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
     parser.add_argument("--recover-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
                         help="how the fault-free runs after a strike reach Spark (spark-connect: the server of "
-                        "`kafka-batch local up --spark-connect`; strikes always go through spark-submit)")
+                        "`kafka-batch local up`; strikes always go through spark-submit)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = chaos_environment()

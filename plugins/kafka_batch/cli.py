@@ -330,7 +330,7 @@ def cmd_quarantine(args) -> int:
 def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
-    flags = [flag for flag, on in (("--airflow", args.airflow), ("--spark-connect", args.spark_connect)) if on]
+    flags = [flag for flag, on in (("--airflow", args.airflow), ("--no-spark-connect", args.no_spark_connect)) if on]
     return local_stack.main([args.action, *flags])
 
 
@@ -401,8 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "env"])
     p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "
                    "dag-processor and triggerer on loopback")
-    p.add_argument("--spark-connect", action="store_true", help="with up: also start a Spark Connect server on "
-                   "loopback (connection spark_connect_default)")
+    p.add_argument("--no-spark-connect", action="store_true", help="with up: without the Spark Connect server "
+                   "(started by default on loopback as connection spark_connect_default)")
+    p.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.set_defaults(func=cmd_local)
     p = sub.add_parser("schema", help="print the JSON Schema of a pipeline definition (for editors and CI checks)")
     p.add_argument("--markdown", action="store_true", help="print the reference of every field instead")

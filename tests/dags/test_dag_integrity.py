@@ -125,6 +125,11 @@ def test_compose_defines_every_connection_and_service_the_pipelines_use():
     spark = conn("spark_default")
     assert spark["host"] == "spark://spark-master" and "spark-master" in services
     assert f"spark://spark-master:{spark['port']}" in services["spark-worker"]["command"]
+    connect = conn("spark_connect_default")  # the samples' execution: a Spark Connect server on that cluster
+    assert connect["conn_type"] == "spark_connect" and connect["host"] in services
+    assert f"spark.connect.grpc.binding.port={connect['port']}" in services[connect["host"]]["command"]
+    assert "spark://spark-master:7077" in services[connect["host"]]["command"]
+    assert services["airflow-scheduler"]["depends_on"][connect["host"]] == {"condition": "service_healthy"}
     assert "PYTHONPATH" not in str(services)  # dependencies are baked into the image
 
 

@@ -9,8 +9,18 @@ import json
 import pytest
 import yaml
 
+from kafka_batch_dev import sample_data
 from kafka_batch_dev.local_stack import free_port
-from tests.integration.helpers import new_pipeline, query, run_cli, sink_table
+from tests.integration.helpers import (
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    positions,
+    query,
+    run_cli,
+    sink_table,
+    table_contents,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,3 +77,18 @@ def test_a_pipeline_file_with_an_unknown_field_is_named_and_changes_nothing(serv
     result = run_cli("run", "--pipeline", pipeline.name, check=False)
     _one_line(result, 2, "invalid input:", "unknown key(s) ['colour']")
     _nothing_stored(pipeline)
+
+
+def test_a_spark_connect_server_that_does_not_answer_is_one_line_retryable_and_commits_nothing(services):
+    pipeline = new_pipeline("deadconnect", partitions=1)
+    if pipeline.connections.spark != "spark_connect_default":
+        pytest.skip("the services were given by address: no Spark Connect server of the suite's own")
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 100, seed=3)
+    dead = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
+        {"conn_type": "spark_connect", "host": "127.0.0.1", "port": free_port()})}
+    result = run_cli("run", "--pipeline", pipeline.name, "--run-id", "down", check=False, env=dead)
+    _one_line(result, 4, "unavailable:", "Spark Connect (spark_connect_default) did not answer at 127.0.0.1:")
+    assert positions(pipeline.name) == {(topic, 0): 0} and table_contents(pipeline) == {}
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "down")  # the retry, the server back: committed once
+    assert table_contents(pipeline) == ground_truth(topic) and positions(pipeline.name) == {(topic, 0): 100}

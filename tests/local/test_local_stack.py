@@ -69,7 +69,7 @@ def test_up_and_down_from_a_directory_only_root_can_enter(private_dir, monkeypat
     base = private_dir / "clone" / ".local"
     monkeypatch.setenv("KAFKA_BATCH_HOME", str(base))
 
-    env = local_stack.up()
+    env = local_stack.up(spark_connect=False)  # the Spark Connect server is the suite's own (conftest)
 
     assert stat.S_IMODE(private_dir.stat().st_mode) == 0o701  # search only, for others
     assert f"added o+x (traverse only) for the Postgres user {local_stack.PG_SYSTEM_USER} to: {private_dir}" \
@@ -105,7 +105,7 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
     monkeypatch.setattr(local_stack, "PG_STOP_TIMEOUT", 1)
     postmaster = None
     try:
-        local_stack.up(base)
+        local_stack.up(base, spark_connect=False)
         postmaster, pg_processes, broker_processes = processes(base)
         broker_processes.add(int(wait_for_file(child_file)))
         assert len(broker_processes) == 2 and len(pg_processes) > 1

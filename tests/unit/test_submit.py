@@ -7,7 +7,7 @@ import json
 import zipfile
 from pathlib import Path
 
-from kafka_batch.config import PROJECT_ROOT, load_pipeline
+from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
 from kafka_batch.connections import ConnectionFields
 from kafka_batch.spark import jvm_archive, submit
 from kafka_batch.spark.execution import batch_execution
@@ -15,9 +15,16 @@ from kafka_batch.spark.execution import batch_execution
 SECRET = "pw-that-must-not-show"
 
 
+def _page_views_by_spark_submit():
+    """The sample pipeline on the spark-submit execution (`spark_default`), which these tests are about."""
+    sample = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    return parse_pipeline({**sample.definition, "connections": {**sample.definition["connections"],
+                                                                "spark": "spark_default"}})
+
+
 def test_the_package_zip_ships_no_airflow_code_the_command_no_secret_and_is_removed(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
-    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    pipeline = _page_views_by_spark_submit()
     conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", SECRET, "kb"),
              ConnectionFields(pipeline.connections.kafka, "kafka", extra={"sasl.password": SECRET}))
     with submit.spark_submit_hook(pipeline, 7, conns) as hook:
@@ -36,7 +43,7 @@ def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatc
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://m:7077"}))
     monkeypatch.setenv(jvm_archive.ENV, str(tmp_path))
     monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
-    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    pipeline = _page_views_by_spark_submit()
     postgres = ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb")
     kafka = ConnectionFields(pipeline.connections.kafka, "kafka", extra={"bootstrap.servers": "k:9092"})
     given = {}
@@ -51,7 +58,7 @@ def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatc
 def test_a_short_batch_starts_its_jvm_with_c1_only_and_your_own_options_win(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv(jvm_archive.ENV, jvm_archive.OFF)
-    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    pipeline = _page_views_by_spark_submit()
     conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb"),)
 
     def options(span, **kwargs):
@@ -70,7 +77,7 @@ def test_a_short_batch_starts_its_jvm_with_c1_only_and_your_own_options_win(monk
 def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("SPARK_HOME", raising=False)
-    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    pipeline = _page_views_by_spark_submit()
     postgres = ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb")
     kafka = ConnectionFields(pipeline.connections.kafka, "kafka", extra={"bootstrap.servers": "k:9092"})
     homes = {}

@@ -4,9 +4,9 @@
   under an unprivileged system user, since Postgres refuses to run as root.
 - A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
   never depends on it, and the tests also run against a real Kafka given by address).
-- Spark `local[*]` and Airflow need no server: `spark-submit` and `airflow dags test` run in place.
-  `up --spark-connect` also starts a Spark Connect server (local mode, loopback) from the installed
-  pyspark and defines the `spark_connect_default` connection for pipelines that execute through it.
+- A Spark Connect server (local mode, loopback) from the installed pyspark, as the connection
+  `spark_connect_default` that the sample pipelines execute through (`up --no-spark-connect` skips it);
+  `spark_default` is `spark-submit` with `local[*]`, and `airflow dags test` runs in place.
   `up --airflow` (`make airflow`) also starts Airflow's api-server, scheduler, dag-processor and
   triggerer on loopback, with the simple auth manager's `admin` user and a generated password.
 
@@ -503,7 +503,7 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
     marker.touch()
 
 
-def up(base: Path | None = None, spark_connect: bool = False) -> dict[str, str]:
+def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
     base = (base or home()).resolve()
     base.mkdir(parents=True, exist_ok=True)
     state = read_state(base)
@@ -674,11 +674,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "env"])
     parser.add_argument("--airflow", action="store_true",
                         help="with up: also start Airflow (api-server, scheduler, dag-processor, triggerer)")
-    parser.add_argument("--spark-connect", action="store_true",
-                        help="with up: also start a Spark Connect server (connection spark_connect_default)")
+    parser.add_argument("--no-spark-connect", action="store_true",
+                        help="with up: no Spark Connect server (the samples' connection spark_connect_default is then"
+                        " undefined; pipelines on spark_default use spark-submit)")
+    parser.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if args.action == "up":
-        env = up(spark_connect=args.spark_connect)
+        env = up(spark_connect=not args.no_spark_connect)
         print(describe(env))
         if args.airflow:
             base = home()

@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +35,8 @@ from kafka_batch.spark.package import package_zip
 log = logging.getLogger("kafka_batch.connect")
 
 CONN_TYPE = "spark_connect"
+DEFAULT_PORT = 15002  # Spark Connect's
+ANSWER_TIMEOUT_S = 10.0
 _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SESSION_NAMESPACE = uuid.UUID("5d0f3a8e-7b1c-4c2e-9a6f-2f1f6b0c9e41")
 # Session settings every batch relies on (the server-wide ones, see spark.submit.SPARK_CONF, are the server's).
@@ -48,12 +52,24 @@ def session_id(package: bytes) -> str:
     return str(uuid.uuid5(_SESSION_NAMESPACE, hashlib.sha256(package).hexdigest()))
 
 
+def _answers(conn_id: str, url: str, timeout: float = ANSWER_TIMEOUT_S) -> None:
+    """Refuse a server that does not accept a connection: pyspark's client would retry for minutes."""
+    address = urllib.parse.urlsplit("http://" + url.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0])
+    port = address.port or DEFAULT_PORT
+    try:
+        socket.create_connection((address.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer at {address.hostname}:{port} within"
+                                  f" {timeout:g}s: {exc.strerror or type(exc).__name__}") from None
+
+
 def session(conn_id: str):
     """A session on the connection's server, with the package added (once per session)."""
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from pyspark.sql import SparkSession
 
     url = SparkConnectHook(conn_id).get_connection_url()
+    _answers(conn_id, url)
     with tempfile.TemporaryDirectory(prefix="kafka_batch_pyfiles_") as directory:
         package = package_zip(Path(directory))
         shared = f"{url};session_id={session_id(package.read_bytes())}"
@@ -62,7 +78,7 @@ def session(conn_id: str):
             spark.addArtifacts(str(package), pyfile=True)
         except Exception as exc:  # noqa: BLE001 - sorted below: a closed session, or no server
             if "SESSION_CLOSED" not in str(exc):
-                raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer: {errors.one_line(exc)}") from None
+                raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer: {' '.join(str(exc).split())}") from None
             # The server timed the shared session out; it refuses that id until it restarts.
             log.warning("the shared Spark Connect session was closed by the server; using a new one")
             spark = SparkSession.builder.remote(url).create()
