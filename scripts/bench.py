@@ -11,6 +11,8 @@ One run produces the data, plans every batch, then measures (each with the load 
   Spark Connect   the small and big runs (small first: a fresh server's first job also compiles its
                   JIT) and the fixed cost again through a long-lived Spark Connect server
   commit          commit_batch of 100k distinct aggregate contribution rows
+  many keys       records over about as many (user, minute) keys: the job via Spark Connect and spark-submit
+                  against the plain consumer aggregating the same, and the commit of that many contribution rows
   upsert          an upsert pipeline over UPSERT_RECORDS records of UPSERT_KEYS customers (5% tombstones),
                   via spark-submit and via Spark Connect, against a plain consumer that upserts each
                   consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
@@ -113,7 +115,8 @@ class Env:
         self.postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
         self.tables: list[tuple[str, str]] = []
 
-    def pipeline(self, name: str, topic: str, spark: str = SUBMIT, **limits):
+    def pipeline(self, name: str, topic: str, spark: str = SUBMIT, group: str = "page", **limits):
+        """The page_views sample on a bench topic; `group`: the field it groups by with the minute."""
         definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
         name = f"{self.prefix}_{name}"
         definition.update(name=name, topics=[topic], schedule=None)
@@ -121,6 +124,7 @@ class Env:
         definition["limits"] = {**definition["limits"], "max_records_per_partition": 10**9,
                                 "max_records_per_batch": 10**9, **limits}
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
+        definition["sinks"]["aggregate"]["group_by"]["page"]["expr"] = group
         (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
         pipeline = load_pipeline(name)
         [sink] = pipeline.sinks
@@ -222,9 +226,9 @@ def baseline_tables(env: Env, name: str) -> list[tuple[str, str]]:
     return [("public", f"{env.prefix}_{name}_totals"), ("public", f"{env.prefix}_{name}_offsets")]
 
 
-def baseline(env: Env, ranges, name: str) -> int:
-    """The hand-written job: consume, parse with json, aggregate in a dict, commit with compare-and-set
-    (into tables of its own `name`, `baseline_tables`: one pair per round)."""
+def baseline(env: Env, ranges, name: str, group: str = "page") -> int:
+    """The hand-written job: consume, parse with json, aggregate in a dict by (`group`, minute), commit
+    with compare-and-set (into tables of its own `name`, `baseline_tables`: one pair per round)."""
     import psycopg2
     from psycopg2.extras import execute_values
 
@@ -238,7 +242,7 @@ def baseline(env: Env, ranges, name: str) -> int:
             continue
         record = json.loads(value)
         minute = m.timestamp()[1] // 60_000 * 60
-        t = totals[(record["page"], minute)]
+        t = totals[(record[group], minute)]
         t[0] += 1
         t[1] += record["duration_ms"]
     consumer.close()
@@ -408,12 +412,12 @@ def contributions_size(env: Env, pipeline, records: int) -> None:
         " folds older ranges into one row per key)", rows=rows)
 
 
-def commit_rows(env: Env, rows: int) -> float:
+def commit_rows(env: Env, rows: int, name: str = "commit") -> float:
     """commit_batch of `rows` distinct (range, page, minute) contributions, spread over 4 ranges."""
-    topic = f"{env.prefix}_commit"
+    topic = f"{env.prefix}_{name}"
     sample_data.ensure_topic(env.kafka, topic, 4)
     produce_per_partition(env.kafka, topic, 4, 10, seed=3)
-    pipeline = env.pipeline("commit", topic)
+    pipeline = env.pipeline(name, topic)
     batch = env.plan(pipeline)
     ids = [r.range_id for r in batch.ranges]
     base = 1_700_000_000_000_000
@@ -435,6 +439,54 @@ def commit_rows(env: Env, rows: int) -> float:
     finally:
         conn.close()
     return seconds
+
+
+def side_by_side(repeat: int, planned: list[tuple], baseline_round, env: Env) -> tuple[dict, dict[str, float]]:
+    """Rounds of a plain consumer (`baseline_round(i)`, its row) and the planned jobs (two per round: one per
+    execution mode); the consumer's best row and each job's best seconds."""
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for i in range(repeat):
+        base = baseline_round(i)
+        for label, pipeline, batch in planned[2 * i:2 * i + 2]:
+            runs[label].append(spark_run(env, pipeline, batch, label))
+    return base, {label: min(r["seconds"] for r in rs) for label, rs in runs.items()}
+
+
+def mode_targets(number: int, what: str, records: int, base: dict, best: dict[str, float]) -> list[tuple]:
+    """The ratio targets of a job against its plain consumer, the samples' mode (Spark Connect) first."""
+    return [(f"{number} {what} / plain consumer >= 1.5, {MODE[CONNECT]}", records / best[f"{what}, {MODE[CONNECT]}"]
+             / base["value"], 1.5, ">="),
+            (f"{number} same, {MODE[SUBMIT]}", records / best[f"{what}, {MODE[SUBMIT]}"] / base["value"], 1.5, ">=")]
+
+
+def measure_many_keys(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The high-cardinality aggregate: records over about as many (user, minute) keys, the whole job
+    against the plain consumer (same aggregation), and the commit of that many contribution rows."""
+    topic = f"{env.prefix}_many_keys"
+    sample_data.ensure_topic(env.kafka, topic, args.partitions)
+    sample_data.produce_page_views(env.kafka, topic, args.many_keys_records, seed=11, users=args.many_keys_users)
+    planned = [(label, pipeline, env.plan(pipeline)) for label, pipeline in (
+        (f"many keys, {MODE[spark]}", env.pipeline(f"many_keys_{i}_{spark}", topic, spark, group="user_id"))
+        for i in range(args.repeat) for spark in (CONNECT, SUBMIT))]
+    def baseline_round(i: int) -> dict:
+        env.tables += baseline_tables(env, f"many_keys_baseline_{i}")
+        return read_row("many keys plain consumer", "consume + json + dict by (user, minute) + CAS commit", baseline,
+                        env, planned[0][2].ranges, f"many_keys_baseline_{i}", "user_id")
+
+    base, best = side_by_side(args.repeat, planned, baseline_round, env)
+    pipeline = planned[0][1]
+    conn = database.connect(env.postgres)
+    with conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {pipeline.sinks[0].table}")
+        (keys,) = cur.fetchone()
+    conn.close()
+    row("many keys: distinct keys", keys, "keys", f"(user, minute) keys of {planned[0][2].span:,} records")
+    commit_s = commit_rows(env, args.many_keys_records, "commit_many")
+    row("commit, many keys", commit_s, "s", f"{args.many_keys_records:,} distinct contribution rows")
+    return [
+        *mode_targets(8, "many keys", planned[0][2].span, base, best),
+        (f"8 commit of {args.many_keys_records / 1e6:g}M contribution rows (s) <= 2", commit_s, 2, "<="),
+    ]
 
 
 def upsert_pipeline(env: Env, name: str, topic: str, spark: str):
@@ -568,26 +620,21 @@ def measure_upsert(args: argparse.Namespace, env: Env) -> list[tuple]:
     sample_data.produce_customers(env.kafka, topic, args.upsert_records, seed=9, customers=args.upsert_keys,
                                   delete_share=0.05)
     jobs = [(f"upsert, {MODE[spark]}", upsert_pipeline(env, f"upsert_{i}_{spark}", topic, spark))
-            for i in range(args.repeat) for spark in (SUBMIT, CONNECT)]
+            for i in range(args.repeat) for spark in (CONNECT, SUBMIT)]
     planned = [(label, pipeline, env.plan(pipeline)) for label, pipeline in jobs]
     ranges = planned[0][2].ranges
-    runs: dict[str, list[dict]] = defaultdict(list)
-    for i in range(args.repeat):
+    def baseline_round(i: int) -> dict:
         env.tables += [("public", f"{env.prefix}_upsert_baseline_{i}"), ("public", f"{env.prefix}_upsert_baseline_{i}_offsets")]
-        base = read_row("upsert plain consumer", "consume + json + execute_values upserts per chunk + CAS", upsert_baseline,
-                        env, ranges, f"upsert_baseline_{i}")
-        for label, pipeline, batch in planned[2 * i:2 * i + 2]:
-            runs[label].append(spark_run(env, pipeline, batch, label))
+        return read_row("upsert plain consumer", "consume + json + execute_values upserts per chunk + CAS",
+                        upsert_baseline, env, ranges, f"upsert_baseline_{i}")
+
+    base, best = side_by_side(args.repeat, planned, baseline_round, env)
     history_size(env, planned[0][1], planned[0][2].span)
     inserted_s, changed_s = upsert_commit(env, args.upsert_commit_keys)
     row("upsert commit", changed_s, "s", f"{args.upsert_commit_keys:,} changed keys (first commit, all new keys:"
         f" {inserted_s:.2f} s)", first_commit_s=round(inserted_s, 2))
-    best = {label: min(r["seconds"] for r in rs) for label, rs in runs.items()}
-    records = planned[0][2].span
     return [
-        ("7 upsert / plain upsert consumer >= 1.5, Spark Connect", records / best[f"upsert, {MODE[CONNECT]}"] / base["value"],
-         1.5, ">="),
-        ("7 same, spark-submit", records / best[f"upsert, {MODE[SUBMIT]}"] / base["value"], 1.5, ">="),
+        *mode_targets(7, "upsert", planned[0][2].span, base, best),
         (f"7 upsert commit of {args.upsert_commit_keys // 1000}k changed keys (s) <= 2", changed_s, 2, "<="),
     ]
 
@@ -601,12 +648,16 @@ def main() -> int:
     parser.add_argument("--many-records", type=int, default=100_000)
     parser.add_argument("--commit-rows", type=int, default=100_000)
     parser.add_argument("--fixed-records", type=int, default=1000)
+    parser.add_argument("--many-keys-records", type=int, default=1_000_000)
+    parser.add_argument("--many-keys-users", type=int, default=5_000_000,
+                        help="users the many-keys records are spread over (5M: about 0.9 distinct keys per record)")
     parser.add_argument("--upsert-records", type=int, default=1_000_000)
     parser.add_argument("--upsert-keys", type=int, default=100_000)
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the reads and the Spark jobs of targets 1 and 2; each figure is its best round")
-    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, upsert); no target table")
+    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert);"
+                        " no target table")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
     args = parser.parse_args()
@@ -632,8 +683,8 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
             fixed_cost(env, args.fixed_records, CONNECT)
         if "commit" in parts:
             row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
-        if "upsert" in parts:
-            for name, value, limit, op in measure_upsert(args, env):
+        for part, measure_part in (("many-keys", measure_many_keys), ("upsert", measure_upsert)):
+            for name, value, limit, op in measure_part(args, env) if part in parts else []:
                 print(f"{name:<52} {value:>8.2f}  {'PASS' if (value >= limit if op == '>=' else value <= limit) else 'FAIL'}")
         return 0
 
@@ -698,6 +749,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
+    many_keys_targets = measure_many_keys(args, env)
     upsert_targets = measure_upsert(args, env)
 
     targets = [
@@ -713,6 +765,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
         ("5 commit of 100k rows (s) <= 2", commit_s, 2, "<="),
         ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
          "<="),
+        *many_keys_targets,
         *upsert_targets,
     ]
     print(f"\n{'measure (best of its rounds)':<34} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 86)

@@ -48,19 +48,21 @@ def _flush(producer: Producer, topic: str) -> None:
         raise RuntimeError(f"{remaining} records to {topic} were not delivered")
 
 
-def page_view(rng: random.Random) -> tuple[str, dict]:
-    user = f"user-{rng.randrange(1000)}"
+def page_view(rng: random.Random, users: int = 1000) -> tuple[str, dict]:
+    user = f"user-{rng.randrange(users)}"
     return user, {"user_id": user, "page": rng.choice(PAGES), "duration_ms": rng.randrange(10, 60_000)}
 
 
 def produce_page_views(
-    config: dict[str, Any], topic: str, count: int, seed: int = 0, start_ms: int | None = None, spacing_ms: int = 50
+    config: dict[str, Any], topic: str, count: int, seed: int = 0, start_ms: int | None = None, spacing_ms: int = 50,
+    users: int = 1000,
 ) -> None:
-    """Produce `count` JSON page views keyed by user, idempotently; timestamps spaced by spacing_ms."""
+    """Produce `count` JSON page views of `users` users, keyed by user, idempotently; timestamps spaced by
+    spacing_ms."""
     rng = random.Random(seed)
     producer = _producer(config)
     for i in range(count):
-        key, value = page_view(rng)
+        key, value = page_view(rng, users)
         timestamp = None if start_ms is None else start_ms + i * spacing_ms
         _send(producer, topic, key, json.dumps(value), **({} if timestamp is None else {"timestamp": timestamp}))
     _flush(producer, topic)
