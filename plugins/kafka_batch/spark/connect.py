@@ -29,7 +29,6 @@ from pathlib import Path
 
 from kafka_batch import connections, errors, timings
 from kafka_batch.connections import ConnectionFields
-from kafka_batch.core.batches import recorded_error
 from kafka_batch.spark.package import package_zip
 
 log = logging.getLogger("kafka_batch.connect")
@@ -128,6 +127,8 @@ class ConnectExecution:
             job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,
                           kafka_config=lambda _pipeline: self.kafka)
         except Exception as exc:  # noqa: BLE001 - as under spark-submit: the kind, and the error the job recorded
+            from kafka_batch.core.batches import recorded_error
+
             log.exception("batch %s failed", self.batch_id)
             kind = type(exc) if isinstance(exc, errors.KafkaBatchError) else errors.KafkaBatchError
             raise kind(f"batch {self.batch_id} failed: {recorded_error(self.postgres, self.batch_id)}") from None
