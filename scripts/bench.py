@@ -595,7 +595,7 @@ def upsert_commit(env: Env, keys: int) -> tuple[float, float]:
                 "customer_id": pa.array([f"c{i:07d}" for i in range(keys)]),
                 "deleted": pa.array([False] * keys),
                 "kafka_topic": pa.array([topic] * keys),
-                "kafka_partition": pa.array([ids.index(ids[i % len(ids)]) for i in range(keys)], pa.int32()),
+                "kafka_partition": pa.array([i % len(ids) for i in range(keys)], pa.int32()),
                 "kafka_offset": pa.array([n * keys + i for i in range(keys)], pa.int64()),
                 "name": pa.array([f"name {n}"] * keys),
                 "balance": pa.array([i + n for i in range(keys)], pa.int64()),

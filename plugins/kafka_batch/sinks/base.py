@@ -105,14 +105,18 @@ def _expression_shorthand(value: Any) -> Any:
     return {"expr": value} if isinstance(value, str) else value
 
 
+def spec_or_expression(spec: type[ColumnSpec]) -> Any:
+    """A column spec given as `{expr, type}`, or as its expression alone (the spec's default type)."""
+    return Annotated[spec, BeforeValidator(_expression_shorthand, json_schema_input_type=Expression | spec)]
+
+
 def _named(specs: dict[str, ColumnSpec]) -> tuple[Column, ...]:
     return tuple(Column(name, spec.expr, spec.type) for name, spec in specs.items())
 
 
 def columns(spec: type[ColumnSpec]) -> Any:
     """A non-empty mapping `column name -> spec` in the definition; the sink gets a tuple of Columns."""
-    value = Annotated[spec, BeforeValidator(_expression_shorthand, json_schema_input_type=Expression | spec)]
-    return Annotated[dict[Identifier, value], Field(min_length=1), AfterValidator(_named)]
+    return Annotated[dict[Identifier, spec_or_expression(spec)], Field(min_length=1), AfterValidator(_named)]
 
 
 def names(columns: Sequence[str], side: str | None = None) -> sql.Composable:

@@ -140,5 +140,5 @@ class RowsSink(Sink):
 def rows_to_stage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Table]:
     """A task's rows to stage (the records that are neither tombstones nor invalid) and their counts."""
     records = pc.invert(pc.or_(batch.column("_tombstone"), batch.column("_invalid")))
-    counts = staging.range_counts_of(batch, records, batch.column("_tombstone"), batch.column("_invalid"))
+    counts = staging.per_range(batch.column("range_id"), records, batch.column("_tombstone"), batch.column("_invalid"))
     return batch.filter(records), counts

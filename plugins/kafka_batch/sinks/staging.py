@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
 
-from kafka_batch.errors import StateError
 from kafka_batch.sinks.base import RangeCounts, copy_arrow, same
 
 STAGE_SCHEMA = "kafka_batch_stage"
@@ -63,14 +62,6 @@ def discard(cur, batch_id: int, attempt: int | None, kind: str) -> None:
 
 def staged(name: str) -> sql.Composable:
     return sql.Identifier(STAGE_SCHEMA, name)
-
-
-def check_staged(cur, result: StagedRows, what: str) -> None:
-    """Refuse a commit whose staging table does not hold exactly the rows the tasks reported."""
-    cur.execute(sql.SQL("SELECT count(*) FROM {}").format(staged(result.stage)))
-    (found,) = cur.fetchone()
-    if found != result.rows:
-        raise StateError(f"{what} staged {found} rows for {result.rows} reported in {result.stage}; nothing was committed")
 
 
 Split = Callable[[pa.RecordBatch], tuple[pa.RecordBatch, pa.Table]]
@@ -134,9 +125,10 @@ def reported(report: pa.Table, stage: str) -> tuple[dict[int, RangeCounts], Stag
     return counts, StagedRows(stage, sum(row["staged_sum"] for row in totals.to_pylist()))
 
 
-def range_counts_of(batch: pa.RecordBatch, records: pa.Array, tombstones: pa.Array, invalid: pa.Array) -> pa.Table:
-    """Per range, how many rows of a batch each mask marks (the counts `split` returns)."""
-    table = pa.table({"range_id": batch.column("range_id"), "records": records.cast(pa.int64()),
-                      "tombstones": tombstones.cast(pa.int64()), "invalid": invalid.cast(pa.int64())})
+def per_range(range_ids: pa.Array, records: pa.Array, tombstones: pa.Array, invalid: pa.Array) -> pa.Table:
+    """Counts summed per range (the counts `split` returns): from masks (booleans count as 1) or from
+    rows that carry counts."""
+    table = pa.table({"range_id": range_ids, **{c: a.cast(pa.int64()) for c, a in zip(
+        COUNTS, (records, tombstones, invalid), strict=True)}})
     summed = table.group_by("range_id").aggregate([(c, "sum") for c in COUNTS])
     return pa.table({"range_id": summed["range_id"], **{c: summed[f"{c}_sum"] for c in COUNTS}})

@@ -21,12 +21,12 @@ every batch. Within a batch Spark keeps the latest record per (range, key); exec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from kafka_batch.errors import StateError
 from kafka_batch.model import Expression
@@ -60,10 +60,6 @@ class VersionSpec(ColumnSpec):
     """The Postgres type of the version (default bigint: Debezium's `source.lsn` and `ts_ms` are numbers)."""
 
 
-def _shorthand(value):
-    return {"expr": value} if isinstance(value, str) else value
-
-
 class UpsertSink(Sink):
     """Each key's latest record (deletes applied): `sinks: {upsert: {table, key, columns, version, delete_when}}`."""
 
@@ -72,8 +68,7 @@ class UpsertSink(Sink):
     """The key: its columns make the table's primary key (a record where one is null is invalid)."""
     columns: base.columns(ColumnSpec) = Field(default_factory=tuple)
     """The value columns, from the key's latest record."""
-    version: Annotated[VersionSpec, BeforeValidator(_shorthand, json_schema_input_type=Expression | VersionSpec)] \
-        | None = None
+    version: base.spec_or_expression(VersionSpec) | None = None
     """Orders a key's records (e.g. `updated_at`, Debezium's `source.lsn`): a record older than the stored
     row is ignored. Ties break by (topic, partition, offset). Default: (topic, partition, offset), the
     offset order within a partition. With a version, a tombstone deletes only when the expression gives
@@ -202,8 +197,9 @@ class UpsertSink(Sink):
         return SinkOutput(counts, staged)
 
     def _parts(self, **more) -> dict:
+        types = self._types()
         descending = sql.SQL(", ").join(
-            sql.SQL("{} COLLATE \"C\" DESC" if self._types()[n] == "text" else "{} DESC").format(sql.Identifier(n))
+            sql.SQL("{} COLLATE \"C\" DESC" if types[n] == "text" else "{} DESC").format(sql.Identifier(n))
             for n in self.order)
         return {"target": self._target, "history": self._history, "keys": names(self.keys), "latest_first": descending,
                 "table_columns": names(self.table_columns), "history_columns": names(self.history_columns),
@@ -226,12 +222,12 @@ class UpsertSink(Sink):
         cur.execute(sql.SQL("INSERT INTO {target} ({table_columns}) SELECT {table_columns} FROM {latest} WHERE NOT deleted"
                             " ON CONFLICT ({keys}) DO UPDATE SET {set}").format(**parts))
 
-    def _latest_of(self, cur, name: str, source: sql.Composable, keys: sql.Composable, params=None) -> None:
+    def _latest_of(self, cur, name: str, source: sql.Composable, keys: sql.Composable) -> None:
         """A temporary table of the latest row per key, over `source` rows whose key is in `keys`."""
         cur.execute(sql.SQL(
             "CREATE TEMP TABLE {name} ON COMMIT DROP AS SELECT DISTINCT ON ({keys}) {history_columns} FROM {source} h"
             " WHERE ({keys}) IN (SELECT {keys} FROM {key_source}) ORDER BY {keys}, {latest_first}"
-        ).format(name=sql.Identifier(name), source=source, key_source=keys, **self._parts()), params)
+        ).format(name=sql.Identifier(name), source=source, key_source=keys, **self._parts()))
 
     def apply(self, cur, result: staging.StagedRows) -> int:
         """Add the batch's latest rows per (range, key) to the history and set the keys whose latest row
@@ -290,7 +286,7 @@ class UpsertSink(Sink):
         self._latest_of(cur, "upsert_folded", source, sql.Identifier("upsert_folded_keys"))
         cur.execute(sql.SQL("DELETE FROM {history} h USING upsert_folded_keys k WHERE h.range_id = ANY(%s) AND {match}")
                     .format(match=same(self.keys, "h", "k"), **parts), (ids,))
-        cur.execute(sql.SQL("UPDATE upsert_folded SET range_id = %s").format(), (BASE_RANGE,))
+        cur.execute("UPDATE upsert_folded SET range_id = %s", (BASE_RANGE,))
         cur.execute(sql.SQL("INSERT INTO {history} ({history_columns}) SELECT {history_columns} FROM upsert_folded")
                     .format(**parts))
         cur.execute("DROP TABLE upsert_folded, upsert_folded_keys")
@@ -328,7 +324,5 @@ class UpsertSink(Sink):
 
 def latest_to_stage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Table]:
     """A task's (range, key) groups: those with a latest record are staged; every group's counts count."""
-    counts = pa.table({c: batch.column(c) for c in ("range_id", *staging.COUNTS)})
-    summed = counts.group_by("range_id").aggregate([(c, "sum") for c in staging.COUNTS])
-    per_range = pa.table({"range_id": summed["range_id"], **{c: summed[f"{c}_sum"] for c in staging.COUNTS}})
-    return batch.filter(pc.is_valid(batch.column("deleted"))), per_range
+    counts = staging.per_range(batch.column("range_id"), *(batch.column(c) for c in staging.COUNTS))
+    return batch.filter(pc.is_valid(batch.column("deleted"))), counts

@@ -46,7 +46,7 @@ class Unwrapped:
     """Columns over a decoded value: the fields, the envelope's own columns, whether the record says its
     key is deleted, and why it is not a valid event (null when it is)."""
 
-    def __init__(self, decoded: Column, fields: dict[str, str], envelope: str | None):
+    def __init__(self, decoded: Column, envelope: str | None):
         if envelope is None:
             self.row = decoded
             self.extra: list[Column] = []

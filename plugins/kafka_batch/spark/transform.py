@@ -2,8 +2,9 @@
 
 Every sink computes from this one DataFrame. Tombstones (null values) stay, flagged `_tombstone`, so
 sinks can count them; `_deleted` flags the records that say their key is gone (a tombstone, or an
-envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record the pipeline cannot process (a value over `max_value_bytes`, not a
-JSON object with the declared fields, or a null where a sink needs a key) gets its reason in
+envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record
+the pipeline cannot process (a value over `max_value_bytes`, not a JSON object with the declared
+fields, not an event of its envelope, or a null where a sink needs a key) gets its reason in
 `_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
 such a record stops the batch instead, with raise_error naming its topic, partition and offset.
 The reader may have parsed the fields already (`json_fields`, pyarrow, where it gives what from_json
@@ -70,7 +71,7 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
         text = F.when(~F.col(PARSED), text)  # null, so nothing to parse, where the reader parsed
     envelope = pipeline.record.envelope
     parsed = records.withColumn("_parsed", F.from_json(text, value_schema(pipeline.fields, envelope)))
-    value = Unwrapped(F.col("_parsed"), pipeline.fields, envelope)
+    value = Unwrapped(F.col("_parsed"), envelope)
 
     def field(name: str) -> Column:
         by_spark = value.field(name)
