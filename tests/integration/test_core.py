@@ -180,6 +180,52 @@ def test_staged_rows_that_are_not_the_counted_records_are_refused(services):
     conn.close()
 
 
+def _contributions(rows: list[tuple[int, str, int]]) -> pa.Table:
+    """Aggregate result rows (range id, page, views) in MINUTE, duration 10 per view."""
+    return pa.table({
+        "range_id": pa.array([r[0] for r in rows], pa.int64()),
+        "page": [r[1] for r in rows],
+        "minute": pa.array([MINUTE] * len(rows), pa.timestamp("us", tz="UTC")),
+        "views": pa.array([r[2] for r in rows], pa.int64()),
+        "total_duration_ms": pa.array([10 * r[2] for r in rows], pa.int64()),
+    })
+
+
+def test_aggregate_keys_in_one_or_several_ranges_add_up_and_a_key_twice_in_a_range_is_refused(services):
+    pipeline = new_pipeline("agg_keys", partitions=0)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    ranges = [OffsetRange(topic, 0, 0, 10), OffsetRange(topic, 1, 0, 10)]
+    first = _plan(conn, pipeline, "r1", ranges)
+    one, two = (r.range_id for r in first.ranges)
+    # /a in both ranges (added up across them), /b and /c in one each.
+    result = _contributions([(one, "/a", 2), (two, "/a", 3), (two, "/b", 4), (one, "/c", 1)])
+    attempt = attempts.claim_attempt(conn, first.id)
+    commit_batch(conn, pipeline, first.id, attempt, {"aggregate": SinkOutput({one: RangeCounts(3), two: RangeCounts(7)},
+                                                                             result)})
+    assert table_contents(pipeline) == {("/a", MINUTE): (5, 50), ("/b", MINUTE): (4, 40), ("/c", MINUTE): (1, 10)}
+
+    # Every key in one range this time: existing keys are added to, new ones inserted.
+    second = _plan(conn, pipeline, "r2", [OffsetRange(topic, 0, 10, 20), OffsetRange(topic, 1, 10, 20)])
+    one, two = (r.range_id for r in second.ranges)
+    attempt = attempts.claim_attempt(conn, second.id)
+    commit_batch(conn, pipeline, second.id, attempt, {"aggregate": SinkOutput(
+        {one: RangeCounts(1), two: RangeCounts(6)}, _contributions([(one, "/a", 1), (two, "/b", 2), (two, "/d", 4)]))})
+    expected = {("/a", MINUTE): (6, 60), ("/b", MINUTE): (6, 60), ("/c", MINUTE): (1, 10), ("/d", MINUTE): (4, 40)}
+    assert table_contents(pipeline) == expected
+
+    # Two rows for one (range, key) would add that key twice: refused, nothing changes.
+    third = _plan(conn, pipeline, "r3", [OffsetRange(topic, 0, 20, 30), OffsetRange(topic, 1, 20, 30)])
+    one, two = (r.range_id for r in third.ranges)
+    attempt = attempts.claim_attempt(conn, third.id)
+    before = positions(pipeline.name)
+    with pytest.raises(StateError, match="1 duplicate \\(range, key\\) rows; nothing was committed"):
+        commit_batch(conn, pipeline, third.id, attempt, {"aggregate": SinkOutput(
+            {one: RangeCounts(3), two: RangeCounts(1)}, _contributions([(one, "/a", 1), (two, "/a", 1), (one, "/a", 2)]))})
+    assert positions(pipeline.name) == before and table_contents(pipeline) == expected
+    conn.close()
+
+
 def test_a_stale_attempt_cannot_commit_and_its_staged_rows_are_never_moved(services):
     pipeline = new_pipeline("fence", partitions=0, rows=True)
     topic = pipeline.topics[0]

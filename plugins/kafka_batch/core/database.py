@@ -31,21 +31,28 @@ SESSION_SETTINGS = {
     "idle_in_transaction_session_timeout": "10min",
     "statement_timeout": "30min",
 }
-
+# The oldest server the commit's statements run on (MERGE came in PostgreSQL 15).
+MIN_SERVER_VERSION = 150000
 
 
 def connect(params: dict) -> psycopg2.extensions.connection:
-    """A session with SESSION_SETTINGS; a refused or unreachable server is one clear error."""
+    """A session with SESSION_SETTINGS; a refused, unreachable or too old server is one clear error."""
     ours = " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
     params = {**params, "options": f"{ours} {params.get('options', '')}".strip()}
+    where = f"Postgres at {params.get('host')}:{params.get('port', 5432)} (database {params.get('dbname')})"
     try:
-        return psycopg2.connect(**params)
+        conn = psycopg2.connect(**params)
     except psycopg2.OperationalError as exc:
-        where = f"Postgres at {params.get('host')}:{params.get('port', 5432)} (database {params.get('dbname')})"
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         if any(word in reason for word in ("authentication failed", "does not exist", "no password", "role")):
             raise InputError(f"{where} refused the connection: {reason}") from None
         raise ServiceError(f"{where} did not answer: {reason}") from None
+    if conn.server_version < MIN_SERVER_VERSION:
+        version = conn.server_version
+        conn.close()
+        raise InputError(f"{where} is PostgreSQL {version // 10000}.{version % 10000}; kafka-batch needs"
+                         f" {MIN_SERVER_VERSION // 10000} or later")
+    return conn
 
 
 @contextmanager

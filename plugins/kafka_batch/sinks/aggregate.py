@@ -102,8 +102,7 @@ class AggregateSink(Sink):
         )
         keys = names(self.keys)
         cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(self._totals, defs, keys))
-        create_per_range_table(cur, SCHEMA, self.contributions_name, sql.SQL("range_id bigint NOT NULL, {}").format(defs),
-                               self.keys)
+        create_per_range_table(cur, SCHEMA, self.contributions_name, sql.SQL("range_id bigint NOT NULL, {}").format(defs))
 
     def compute(self, records, stage: StageContext) -> SinkOutput:
         """One Spark pass: per (range, group key) the measures, records and tombstones; then to the driver."""
@@ -134,44 +133,52 @@ class AggregateSink(Sink):
         ))
         copy_arrow(cur, sql.Identifier("aggregate_stage"), contributions)
 
-    def _check(self, cur, result: pa.Table, range_ids: list[int]) -> None:
-        """What a key and a foreign key would check row by row, once for the whole result: one row per
-        (range, key), ranges that exist and have no contribution yet."""
-        distinct = result.group_by(["range_id", *self.keys]).aggregate([]).num_rows
-        if distinct != result.num_rows:
-            raise StateError(f"aggregate {self.table}: {result.num_rows - distinct} duplicate (range, key) rows;"
-                             " nothing was committed")
-        check_new_ranges(cur, self._contributions, range_ids, f"aggregate {self.table}")
+    def _check(self, rows: pa.Table) -> bool:
+        """What a key would check row by row, once for the whole result sorted by key and range: one row
+        per (range, key). Returns whether some key has rows in several ranges (its sums need adding up)."""
+        if rows.num_rows < 2:
+            return False
+        following = [pc.equal(rows[c].slice(1), rows[c].slice(0, rows.num_rows - 1)) for c in self.keys]
+        same_key = following[0]
+        for equal in following[1:]:
+            same_key = pc.and_(same_key, equal)
+        same_range = pc.equal(rows["range_id"].slice(1), rows["range_id"].slice(0, rows.num_rows - 1))
+        duplicates = pc.sum(pc.and_(same_key, same_range)).as_py() or 0
+        if duplicates:
+            raise StateError(f"aggregate {self.table}: {duplicates} duplicate (range, key) rows; nothing was committed")
+        return pc.any(same_key).as_py()
 
     def apply(self, cur, result: pa.Table) -> int:
-        """Keep each range's contribution (COPYed straight in) and add them to the totals.
+        """Keep each range's contribution (COPYed straight in) and add them to the totals with one MERGE.
 
-        The commit holds the pipeline's lock, so no other writer touches the totals meanwhile: existing
-        keys are updated and new ones inserted, as set operations (hash joins: the sums are analyzed
-        first, since the planner's statistics know nothing of rows added in this transaction).
+        The commit holds the pipeline's lock, so no other writer touches the totals meanwhile. Rows go
+        in key order, so the primary key is filled page after page instead of at random. The planner
+        has no statistics on rows this transaction added, so it estimates few and probes the totals'
+        primary key per key (right for a large table); a small table it hashes instead.
         """
         if result.num_rows == 0:
             return 0
-        range_ids = pc.unique(result["range_id"]).to_pylist()
-        self._check(cur, result, range_ids)
-        # In key order, the key index is filled page after page instead of at random.
-        rows = result.select(["range_id", *self.keys, *self.measure_names]).sort_by([(k, "ascending") for k in self.keys])
-        copy_arrow(cur, self._contributions, rows)
         keys, measures = self.keys, self.measure_names
-        parts = {"totals": self._totals, "contributions": self._contributions, "keys": names(keys),
-                 "measures": names(measures), "sums": _sums(measures), "match": same(keys, "t", "a"),
-                 "updates": sql.SQL(", ").join(sql.SQL("{m} = t.{m} + a.{m}").format(m=sql.Identifier(m))
-                                               for m in measures)}
-        cur.execute("SET LOCAL work_mem = '64MB'")
+        range_ids = pc.unique(result["range_id"]).to_pylist()
+        rows = result.select(["range_id", *keys, *measures]).sort_by(
+            [(k, "ascending") for k in keys] + [("range_id", "ascending")])
+        spans_ranges = self._check(rows)
+        check_new_ranges(cur, self._contributions, range_ids, f"aggregate {self.table}")
+        copy_arrow(cur, self._contributions, rows)
+        added = sql.SQL("SELECT {keys}, {values} FROM {contributions} WHERE range_id = ANY(%s){grouped}").format(
+            keys=names(keys), contributions=self._contributions,
+            values=_sums(measures) if spans_ranges else names(measures),
+            grouped=sql.SQL(" GROUP BY {}").format(names(keys)) if spans_ranges else sql.SQL(""))
+        if spans_ranges:
+            cur.execute("SET LOCAL work_mem = '64MB'")
         cur.execute(sql.SQL(
-            "CREATE TEMP TABLE aggregate_added ON COMMIT DROP AS SELECT {keys}, {sums} FROM {contributions}"
-            " WHERE range_id = ANY(%s) GROUP BY {keys}").format(**parts), (range_ids,))
-        cur.execute("ANALYZE aggregate_added")
-        cur.execute(sql.SQL("UPDATE {totals} t SET {updates} FROM aggregate_added a WHERE {match}").format(**parts))
-        cur.execute(sql.SQL(
-            "INSERT INTO {totals} ({keys}, {measures}) SELECT {keys}, {measures} FROM aggregate_added a"
-            " WHERE NOT EXISTS (SELECT 1 FROM {totals} t WHERE {match}) ORDER BY {keys}").format(**parts))
-        cur.execute("DROP TABLE aggregate_added")
+            "MERGE INTO {totals} t USING ({added}) a ON {match}"
+            " WHEN MATCHED THEN UPDATE SET {updates}"
+            " WHEN NOT MATCHED THEN INSERT ({keys}, {measures}) VALUES ({new})").format(
+                totals=self._totals, added=added, match=same(keys, "t", "a"), keys=names(keys),
+                measures=names(measures), new=names(keys + measures, "a"),
+                updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} + a.{m}").format(m=sql.Identifier(m))
+                                           for m in measures)), (range_ids,))
         return result.num_rows
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:

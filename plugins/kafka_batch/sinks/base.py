@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
+from pgpq import ArrowToPostgresBinaryEncoder
 from psycopg2 import sql
 from pydantic import AfterValidator, BeforeValidator, Field
 
@@ -140,11 +140,17 @@ def as_json(side: str, columns: Sequence[str]) -> sql.Composable:
 
 
 def copy_arrow(cur, table: sql.Composable, data: pa.Table | pa.RecordBatch) -> None:
-    """COPY Arrow rows into a table (columns by name), as CSV: nulls stay null, '' stays ''."""
+    """COPY Arrow rows into a table (columns by name) in Postgres's binary format, encoded from the
+    columns as they are (pgpq): three times faster than CSV, and nulls, '' and floats stay exact.
+    Each Arrow type must be the column's (int64 for bigint, int32 for integer, ...), as Spark's are."""
+    encoder = ArrowToPostgresBinaryEncoder(data.schema)
     buffer = io.BytesIO()
-    pacsv.write_csv(data, buffer, pacsv.WriteOptions(include_header=False))
+    buffer.write(encoder.write_header())
+    for batch in data.to_batches() if isinstance(data, pa.Table) else [data]:
+        buffer.write(encoder.write_batch(batch))
+    buffer.write(encoder.finish())
     buffer.seek(0)
-    statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(table, names(data.schema.names))
+    statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT binary)").format(table, names(data.schema.names))
     cur.copy_expert(statement.as_string(cur), buffer)
 
 
@@ -168,17 +174,19 @@ def require_columns(cur, pipeline_name: str, schema: str, table: str, expected: 
     return bool(existing)
 
 
-def create_per_range_table(cur, schema: str, name: str, defs: sql.Composable, keys: Sequence[str]) -> None:
+def create_per_range_table(cur, schema: str, name: str, defs: sql.Composable, keys: Sequence[str] = ()) -> None:
     """A table of per-range state (`range_id` first in `defs`), COPYed into by commits. No per-row
     constraint: a commit checks its rows once, as a set (`check_new_ranges`). Range ids only grow, so
-    rows lie in range-id order and a BRIN index finds a range's rows for almost no cost at insert; a
-    btree on the key finds a key's rows in every range (removal asks what other ranges hold)."""
+    rows lie in range-id order and a BRIN index finds a range's rows for almost no cost at insert.
+    Given `keys`, a btree on them finds a key's rows in every range, for a sink that asks that on every
+    commit (it costs about as much as the COPY itself)."""
     table = sql.Identifier(schema, name)
     cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(table, defs))
     cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING brin (range_id) WITH (autosummarize = on)")
                 .format(sql.Identifier(f"{name}_range"[:63]), table))
-    cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
-        sql.Identifier(f"{name}_keys"[:63]), table, names(keys)))
+    if keys:
+        cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+            sql.Identifier(f"{name}_keys"[:63]), table, names(keys)))
 
 
 def check_new_ranges(cur, table: sql.Composable, range_ids: Sequence[int], what: str) -> None:
