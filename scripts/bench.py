@@ -17,6 +17,8 @@ One run produces the data, plans every batch, then measures (each with the load 
                   via spark-submit and via Spark Connect, against a plain consumer that upserts each
                   consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
                   100k changed keys; the history table's size per million records
+  avro            AVRO_RECORDS Avro page views (two schema versions, through the Schema Registry): the job via
+                  Spark Connect and spark-submit against a plain consumer decoding with AvroDeserializer
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
@@ -113,6 +115,7 @@ class Env:
         self.pipelines = pipelines
         self.kafka = connections.kafka_config(connections.from_environment("kafka_default"))
         self.postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
+        self.registry = connections.schema_registry_config(connections.from_environment("schema_registry_default"))
         self.tables: list[tuple[str, str]] = []
 
     def pipeline(self, name: str, topic: str, spark: str = SUBMIT, group: str = "page", **limits):
@@ -125,6 +128,20 @@ class Env:
                                 "max_records_per_batch": 10**9, **limits}
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
         definition["sinks"]["aggregate"]["group_by"]["page"]["expr"] = group
+        (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
+        pipeline = load_pipeline(name)
+        [sink] = pipeline.sinks
+        self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
+        return pipeline
+
+    def avro_pipeline(self, name: str, topic: str, spark: str = SUBMIT):
+        """The page_views_avro sample on a bench topic, with tables of its own."""
+        definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views_avro.yaml").read_text())
+        name = f"{self.prefix}_{name}"
+        definition.update(name=name, topics=[topic], schedule=None,
+                          limits={"max_records_per_partition": 10**9, "max_records_per_batch": 10**9})
+        definition["connections"]["spark"] = spark
+        definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
         (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
         pipeline = load_pipeline(name)
         [sink] = pipeline.sinks
@@ -216,10 +233,11 @@ def raw_read(env: Env, ranges) -> int:
 
 
 def project_read(env: Env, pipeline, ranges) -> int:
-    from kafka_batch.spark.job import _columns, _reader_fields
+    from kafka_batch.spark.job import _columns, _decoder
 
+    decoder = _decoder(pipeline, lambda _pipeline: None)
     return sum(b.num_rows for b in read_task(env.kafka, list(ranges), pipeline.read.model_dump(), _columns(pipeline),
-                                             _reader_fields(pipeline)))
+                                             decoder))
 
 
 def baseline_tables(env: Env, name: str) -> list[tuple[str, str]]:
@@ -229,9 +247,6 @@ def baseline_tables(env: Env, name: str) -> list[tuple[str, str]]:
 def baseline(env: Env, ranges, name: str, group: str = "page") -> int:
     """The hand-written job: consume, parse with json, aggregate in a dict by (`group`, minute), commit
     with compare-and-set (into tables of its own `name`, `baseline_tables`: one pair per round)."""
-    import psycopg2
-    from psycopg2.extras import execute_values
-
     consumer = plain_consumer(env.kafka, ranges, tuned=True)
     totals: dict = defaultdict(lambda: [0, 0])
     count = 0
@@ -246,6 +261,39 @@ def baseline(env: Env, ranges, name: str, group: str = "page") -> int:
         t[0] += 1
         t[1] += record["duration_ms"]
     consumer.close()
+    commit_totals(env, ranges, name, {(k, datetime.fromtimestamp(minute, UTC)): v for (k, minute), v in totals.items()})
+    return count
+
+
+def avro_baseline(env: Env, ranges, name: str) -> int:
+    """The hand-written job on Avro values: consume, decode with confluent-kafka's AvroDeserializer (the
+    registry's writer schema, read as the sample's view), aggregate by (page, country, minute of
+    viewed_at), commit with compare-and-set."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    deserialize = AvroDeserializer(SchemaRegistryClient({"url": env.registry["url"]}),
+                                   json.dumps(sample_data.PAGE_VIEW_V2))
+    consumer = plain_consumer(env.kafka, ranges, tuned=True)
+    totals: dict = defaultdict(lambda: [0, 0])
+    count = 0
+    for m in consume_ranges(consumer, ranges):
+        count += 1
+        record = deserialize(m.value(), SerializationContext(m.topic(), MessageField.VALUE))
+        t = totals[(record["page"] + "/" + record["country"], record["viewed_at"].replace(second=0, microsecond=0))]
+        t[0] += 1
+        t[1] += record["duration_ms"]
+    consumer.close()
+    commit_totals(env, ranges, name, totals)
+    return count
+
+
+def commit_totals(env: Env, ranges, name: str, totals: dict) -> None:
+    """The baselines' commit: positions by compare-and-set and the totals added, in one transaction."""
+    import psycopg2
+    from psycopg2.extras import execute_values
+
     conn = psycopg2.connect(**env.postgres)
     with conn, conn.cursor() as cur:
         table = f"{env.prefix}_{name}"
@@ -265,10 +313,9 @@ def baseline(env: Env, ranges, name: str, group: str = "page") -> int:
             cur, f"INSERT INTO {table}_totals VALUES %s ON CONFLICT (page, minute) DO UPDATE SET"
             f" views = {table}_totals.views + EXCLUDED.views,"
             f" total_duration_ms = {table}_totals.total_duration_ms + EXCLUDED.total_duration_ms",
-            [(page, datetime.fromtimestamp(minute, UTC), v, d) for (page, minute), (v, d) in totals.items()],
+            [(key, minute, v, d) for (key, minute), (v, d) in totals.items()],
         )
     conn.close()
-    return count
 
 
 class RssSampler:
@@ -489,6 +536,27 @@ def measure_many_keys(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
+def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """Avro page views through the Schema Registry (two schema versions), the whole job in both modes
+    against a plain consumer decoding with confluent-kafka's AvroDeserializer."""
+    topic = f"{env.prefix}_avro"
+    sample_data.ensure_topic(env.kafka, topic, args.partitions)
+    started = time.monotonic()
+    sample_data.produce_page_views_avro(env.kafka, {"url": env.registry["url"]}, topic, args.avro_records, seed=12)
+    print(f"produced {args.avro_records:,} Avro records to {topic} in {time.monotonic() - started:.1f}s", flush=True)
+    planned = [(label, pipeline, env.plan(pipeline)) for label, pipeline in (
+        (f"avro, {MODE[spark]}", env.avro_pipeline(f"avro_{i}_{spark}", topic, spark))
+        for i in range(args.repeat) for spark in (CONNECT, SUBMIT))]
+
+    def baseline_round(i: int) -> dict:
+        env.tables += baseline_tables(env, f"avro_baseline_{i}")
+        return read_row("avro plain consumer", "consume + AvroDeserializer + dict by (page, country, minute) + CAS"
+                        " commit", avro_baseline, env, planned[0][2].ranges, f"avro_baseline_{i}")
+
+    base, best = side_by_side(args.repeat, planned, baseline_round, env)
+    return mode_targets(9, "avro", planned[0][2].span, base, best)
+
+
 def upsert_pipeline(env: Env, name: str, topic: str, spark: str):
     """The `customers` sample on the bench's topic, with tables of its own."""
     definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "customers.yaml").read_text())
@@ -651,12 +719,13 @@ def main() -> int:
     parser.add_argument("--many-keys-records", type=int, default=1_000_000)
     parser.add_argument("--many-keys-users", type=int, default=5_000_000,
                         help="users the many-keys records are spread over (5M: about 0.9 distinct keys per record)")
+    parser.add_argument("--avro-records", type=int, default=3_000_000)
     parser.add_argument("--upsert-records", type=int, default=1_000_000)
     parser.add_argument("--upsert-keys", type=int, default=100_000)
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the reads and the Spark jobs of targets 1 and 2; each figure is its best round")
-    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert);"
+    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert, avro);"
                         " no target table")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
@@ -683,7 +752,8 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
             fixed_cost(env, args.fixed_records, CONNECT)
         if "commit" in parts:
             row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
-        for part, measure_part in (("many-keys", measure_many_keys), ("upsert", measure_upsert)):
+        for part, measure_part in (("many-keys", measure_many_keys), ("upsert", measure_upsert),
+                                   ("avro", measure_avro)):
             for name, value, limit, op in measure_part(args, env) if part in parts else []:
                 print(f"{name:<52} {value:>8.2f}  {'PASS' if (value >= limit if op == '>=' else value <= limit) else 'FAIL'}")
         return 0
@@ -751,6 +821,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
     many_keys_targets = measure_many_keys(args, env)
     upsert_targets = measure_upsert(args, env)
+    avro_targets = measure_avro(args, env)
 
     targets = [
         # The samples' execution (Spark Connect) first; spark-submit, for clusters without a server, after.
@@ -767,6 +838,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
          "<="),
         *upsert_targets,
         *many_keys_targets,
+        *avro_targets,
     ]
     print(f"\n{'measure (best of its rounds)':<34} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 86)
     for r in ROWS:

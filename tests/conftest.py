@@ -3,6 +3,7 @@ Kafka and Postgres given by address:
 
     KAFKA_BATCH_TEST_BOOTSTRAP=host:9092            (librdkafka settings: KAFKA_BATCH_TEST_KAFKA_CONFIG='{json}')
     KAFKA_BATCH_TEST_POSTGRES=postgresql://user:pass@host:5432/db
+    KAFKA_BATCH_TEST_SCHEMA_REGISTRY=http://user:pass@host:8081   (else the local one runs beside them)
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ def _external_env(base: Path) -> dict[str, str] | None:
     }
 
 
+def _schema_registry(base: Path) -> str:
+    """The AIRFLOW_CONN_* value of a real Schema Registry given by address, or of the local one started
+    beside services given by address (recorded in `base`'s state, so `down` stops it)."""
+    from kafka_batch_dev import local_stack
+
+    url = os.environ.get("KAFKA_BATCH_TEST_SCHEMA_REGISTRY")
+    if not url:
+        state: dict = {}
+        local_stack.start_schema_registry(base, state)
+        (base / "state.json").write_text(json.dumps(state))
+        url = f"http://127.0.0.1:{state['schema_registry_port']}"
+    return local_stack.schema_registry_connection(url)
+
+
 def _start_services() -> tuple[Path, dict[str, str], bool]:
     """(directory, environment, whether embedded services were started) for a test session."""
     from kafka_batch_dev import local_stack
@@ -66,6 +81,7 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
         postgres = json.loads(env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
         env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] = json.dumps({**postgres, "password": FAKE_PASSWORD})
     else:
+        env["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"] = _schema_registry(base)
         (base / "airflow").mkdir()
         local_stack.migrate_airflow(base, env)
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
@@ -83,7 +99,7 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
     return base, env, started
 
 
-def _stop_services(base: Path, started: bool) -> None:
+def _stop_services(base: Path) -> None:
     """Stop what _start_services started, after checking that no log of the session holds the password."""
     from kafka_batch_dev import local_stack
 
@@ -93,8 +109,7 @@ def _stop_services(base: Path, started: bool) -> None:
         leaked = [str(path.relative_to(base)) for path in _files(base) if FAKE_PASSWORD.encode() in path.read_bytes()]
         assert not leaked, f"the planted password is in {leaked}"
     finally:
-        if started:
-            local_stack.down(base)
+        local_stack.down(base)  # what was started: the embedded services, or the local Schema Registry
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -128,6 +143,7 @@ LONGEST_FIRST = (
     "tests/integration/test_upsert.py",  # 130 s
     "tests/integration/test_standalone.py",  # 90 s
     "tests/integration/test_chaos.py",  # 85 s
+    "tests/integration/test_avro.py",  # 75 s
     "tests/integration/test_kafka_credentials.py",
     "tests/integration/test_retention.py",
     "tests/integration/test_planning.py",
@@ -152,7 +168,7 @@ def pytest_configure_node(node):
 
 def pytest_unconfigure(config):
     if _SHARED:
-        _stop_services(_SHARED["base"], _SHARED["started"])
+        _stop_services(_SHARED["base"])
 
 
 @pytest.fixture(scope="session")
@@ -175,7 +191,7 @@ def services(request):
             else:
                 os.environ[key] = value
         if base is not None:
-            _stop_services(base, started)
+            _stop_services(base)
 
 
 def _files(base: Path):

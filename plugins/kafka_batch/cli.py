@@ -53,8 +53,12 @@ def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = 
         spark = connections.from_environment(pipeline.connections.spark)
     except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
         spark = None
+    registry = None
+    if pipeline.record.uses_registry:
+        registry = connections.from_environment(pipeline.connections.schema_registry)
     with _spark_output(pipeline.name, batch_id, verbose) as logger, \
-            batch_execution(pipeline, batch_id, postgres, kafka, spark, mode=mode, log=logger) as execution:
+            batch_execution(pipeline, batch_id, postgres, kafka, spark, registry=registry, mode=mode,
+                            log=logger) as execution:
         timings.mark("submit_start")
         execution.run()
         timings.mark("submit_done")

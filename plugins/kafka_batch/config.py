@@ -16,6 +16,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,6 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
+from kafka_batch.formats import avro
 from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, invalid
 from kafka_batch.sinks import SINKS, Sink
 
@@ -45,6 +47,8 @@ FIELD_TYPES = ("string", "long", "int", "double", "boolean", "timestamp")
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
 # The columns an envelope adds besides the fields it wraps (kafka_batch.spark.envelope).
 ENVELOPE_COLUMNS = {"debezium": ("op", "ts_ms", "source")}
+# Columns an Avro record adds: the whole decoded record, and the raw value kept for the quarantine.
+AVRO_COLUMNS = ("record", "record_key", "value", "range_id")
 
 
 def pipelines_dir() -> Path:
@@ -142,6 +146,9 @@ class Connections(Model):
     """Postgres: positions, the ledger and the sink tables."""
     spark: str = "spark_default"
     """Spark: a `spark` connection (spark-submit) or a `spark_connect` one (a Spark Connect server)."""
+    schema_registry: str = "schema_registry_default"
+    """A Schema Registry (records in the Confluent wire format): its URL as the host (or `url` in the extra),
+    basic auth as login and password, a bearer token or TLS files as the client's settings in the extra."""
 
 
 def _plain_field_name(name: str) -> str:
@@ -153,25 +160,98 @@ def _plain_field_name(name: str) -> str:
     return name
 
 
+def _avro_schema(value: Any, record: bool = True) -> Any:
+    try:
+        return avro.load_schema(value, record)
+    except avro.SchemaProblem as exc:
+        raise PydanticCustomError("avro_schema", "not a usable Avro schema: {why}", {"why": str(exc)}) from None
+
+
+class RecordKey(Model):
+    """How a record's key is decoded: into the column `record_key` (a struct for a record schema, so
+    `record_key.id` reaches a field), next to the raw `key`."""
+
+    format: Literal["avro"] = "avro"
+    """The key's encoding."""
+    framing: Literal["confluent", "none"] = "confluent"
+    """As the value's: the Confluent wire format (the registry of `connections.schema_registry`), or none."""
+    avro_schema: Annotated[Any, BeforeValidator(lambda v: _avro_schema(v, record=False),
+                                                json_schema_input_type=dict | str)] = Field(alias="schema")
+    """The key's reader view: any Avro schema (a record, `string`, `long`, ...)."""
+
+    @cached_property
+    def view(self) -> avro.ReaderView:
+        return avro.ReaderView(self.avro_schema)
+
+
 class Record(Model):
     """How a record's value becomes fields."""
 
-    format: Literal["json"] = "json"
-    """The value's encoding."""
+    format: Literal["json", "avro"] = "json"
+    """The value's encoding: `json` (with `fields`), or `avro` (with `schema`)."""
+    framing: Literal["confluent", "none"] = "confluent"
+    """For `avro`: `confluent`, the Confluent wire format Kafka's Avro serializers write (magic byte 0, the
+    4-byte id of the writer schema in the Schema Registry of `connections.schema_registry`, the Avro
+    binary); `none`, plain Avro binary written with `schema` itself (no registry)."""
+    avro_schema: Annotated[dict, BeforeValidator(_avro_schema, json_schema_input_type=dict | str)] | None = Field(
+        None, alias="schema")
+    """For `avro`: the pipeline's reader view, an Avro record schema (a mapping, or its JSON text). Every
+    record is read as this whatever schema wrote it, by Avro's resolution rules (added fields take their
+    defaults, removed ones vanish); its fields are the pipeline's, named as in the schema (a nested one as
+    `address.city`), and the whole record is the column `record`."""
+    key: RecordKey | None = None
+    """Decode the record's key too (an Avro key); a key that cannot be decoded makes the record invalid."""
     envelope: Literal[tuple(ENVELOPE_COLUMNS)] | None = None  # type: ignore[valid-type]
     """A wrapper around the fields. `debezium`: a change event; the fields come from `after` (from
     `before` for a delete), with or without the JSON converter's {schema, payload} wrapper, and `op`,
     `ts_ms` and `source` (`source.lsn`, `source.ts_ms`, ...) become columns expressions can use."""
     fields: Annotated[dict[Annotated[str, AfterValidator(_plain_field_name)], Literal[FIELD_TYPES]],  # type: ignore[valid-type]
-                      Field(min_length=1)]
-    """Each field of the value the pipeline uses, with its type; expressions name them as they are."""
+                      Field(min_length=1)] | None = None
+    """For `json`: each field of the value the pipeline uses, with its type; expressions name them as they are."""
 
     @model_validator(mode="after")
-    def _not_an_envelope_column(self) -> Record:
-        clash = sorted(set(self.fields) & set(ENVELOPE_COLUMNS.get(self.envelope, ())))
+    def _consistent(self) -> Record:
+        if self.format == "json":
+            if self.fields is None:
+                raise ValueError("format json needs `fields` (each field the pipeline uses, with its type)")
+            if self.avro_schema is not None or "framing" in self.model_fields_set or self.key is not None:
+                raise ValueError("`schema`, `framing` and `key` are for format avro")
+        else:
+            if self.avro_schema is None:
+                raise ValueError("format avro needs `schema` (the Avro record schema records are read as)")
+            if self.fields is not None:
+                raise ValueError("format avro takes its fields from `schema`: leave `fields` out")
+            if self.envelope == "debezium":
+                kinds = {name: t for name, t in self.view.type.members}
+                after = kinds.get("after")
+                if after is None or not after.members or "op" not in kinds or "before" not in kinds:
+                    raise ValueError("a debezium envelope's schema needs `before` and `after` records and `op`")
+        clash = sorted(set(self.field_types) & set(ENVELOPE_COLUMNS.get(self.envelope, ())))
         if clash:
             raise ValueError(f"field name(s) {clash} clash with the {self.envelope} envelope's columns")
         return self
+
+    @cached_property
+    def view(self) -> avro.ReaderView:
+        """The Avro reader view (format avro)."""
+        return avro.ReaderView(self.avro_schema)
+
+    @property
+    def uses_registry(self) -> bool:
+        return ((self.format == "avro" and self.framing == "confluent")
+                or (self.key is not None and self.key.framing == "confluent"))
+
+    @cached_property
+    def field_types(self) -> dict[str, str]:
+        """The fields that become columns, with their Spark types. An Avro field named as a record column
+        (or `record`, `value`) is not one: `record.<name>` reaches it."""
+        if self.format == "json":
+            return dict(self.fields)
+        members = self.view.type.members
+        if self.envelope == "debezium":
+            members = dict(members)["after"].members
+        hidden = {*RECORD_COLUMNS, *AVRO_COLUMNS}
+        return {name: t.spark for name, t in members if name not in hidden}
 
 
 def _one_or_many(value: Any) -> Any:
@@ -356,7 +436,8 @@ class Pipeline(Model):
 
     @property
     def fields(self) -> dict[str, str]:
-        return dict(self.record.fields)
+        """The record's fields that are columns, with their Spark types."""
+        return self.record.field_types
 
     @property
     def sinks(self) -> tuple[Sink, ...]:

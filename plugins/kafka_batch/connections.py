@@ -130,3 +130,35 @@ def kafka_config(conn: ConnectionFields) -> dict[str, Any]:
     if conn.password and "sasl.password" not in config:
         config["sasl.password"] = conn.password
     return config
+
+
+# The Schema Registry client's settings a connection's extra may give (confluent-kafka's names).
+_REGISTRY_EXTRAS = {
+    "url", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout",
+    "max.retries", "retries.wait.ms", "retries.max.wait.ms", "cache.capacity", "proxy",
+    "bearer.auth.credentials.source", "bearer.auth.token", "bearer.auth.logical.cluster",
+    "bearer.auth.identity.pool.id", "basic.auth.user.info",
+}
+# A registry that does not answer fails a task within seconds (the client's defaults retry for longer).
+_REGISTRY_DEFAULTS = {"timeout": 10, "max.retries": 2, "retries.wait.ms": 500}
+
+
+def schema_registry_config(conn: ConnectionFields) -> dict[str, Any]:
+    """confluent-kafka's SchemaRegistryClient settings: the URL from the host (`https://registry:8081`,
+    or host, port and `schema` as the scheme, as Airflow's HTTP connections keep them) or the extra's
+    `url`; login and password as basic auth; the extra's client settings (TLS files, a bearer token)."""
+    unknown = sorted(set(conn.extra) - _REGISTRY_EXTRAS)
+    if unknown:
+        raise InputError(f"schema registry connection {conn.conn_id!r}: unknown extra setting(s) {unknown}; "
+                         f"known: {sorted(_REGISTRY_EXTRAS)}")
+    config: dict[str, Any] = {**_REGISTRY_DEFAULTS, **conn.extra}
+    if "url" not in config:
+        if not conn.host:
+            raise InputError(f"schema registry connection {conn.conn_id!r} has no host (or `url` in its extra)")
+        host = conn.host if "://" in conn.host else f"{conn.schema or 'http'}://{conn.host}"
+        config["url"] = f"{host}:{conn.port}" if conn.port else host
+    if conn.login and "basic.auth.user.info" not in config:
+        config["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+    if "bearer.auth.token" in config:
+        config.setdefault("bearer.auth.credentials.source", "STATIC_TOKEN")
+    return config

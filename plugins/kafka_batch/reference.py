@@ -47,7 +47,7 @@ def _type(node: dict, defs: dict) -> str:
         return "mapping (below)"
     if kind == "object":
         values = node.get("additionalProperties") or next(iter(node.get("patternProperties", {}).values()), {})
-        return f"mapping of name to {_type(values, defs)}" if values else "mapping"
+        return f"mapping of name to {_type(values, defs)}" if isinstance(values, dict) and values else "mapping"
     bounds = [f"> {node['exclusiveMinimum']}" if "exclusiveMinimum" in node else "",
               f">= {node['minimum']}" if "minimum" in node else "", f"<= {node['maximum']}" if "maximum" in node else ""]
     bounds = ", ".join(b for b in bounds if b)

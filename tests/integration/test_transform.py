@@ -14,7 +14,7 @@ import pytest
 
 from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
 from kafka_batch.sinks.base import StageContext
-from kafka_batch.spark.json_fields import parse_values
+from kafka_batch.spark.json_fields import JsonFields, parse_values
 from kafka_batch.spark.reader import ALL_COLUMNS, arrow_schema, record_schema
 from kafka_batch.spark.transform import invalid_records, parse_records
 
@@ -34,7 +34,7 @@ def records(spark, request):
     def frame(rows, pipeline=PIPELINE):
         if request.param == "from_json":
             return spark.createDataFrame(rows, record_schema())
-        schema = arrow_schema(ALL_COLUMNS, pipeline.fields)
+        schema = arrow_schema(ALL_COLUMNS, JsonFields(pipeline.fields))
         return spark.createDataFrame(pa.Table.from_batches([
             pa.RecordBatch.from_arrays(
                 [pa.array([v], f.type) for v, f in zip(row, schema, strict=False)] + parse_values([row[7]], pipeline.fields),

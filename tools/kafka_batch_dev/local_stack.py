@@ -4,6 +4,8 @@
   under an unprivileged system user, since Postgres refuses to run as root.
 - A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
   never depends on it, and the tests also run against a real Kafka given by address).
+- A Schema Registry speaking the part of Confluent's REST API producers and the project use
+  (kafka_batch_dev.schema_registry; none installs here), as the connection `schema_registry_default`.
 - A Spark Connect server (local mode, loopback) from the installed pyspark, as the connection
   `spark_connect_default` that the sample pipelines execute through (`up --no-spark-connect` skips it);
   `spark_default` is `spark-submit` with `local[*]`, and `airflow dags test` runs in place.
@@ -364,6 +366,31 @@ def _stop_service(state: dict, key: str, what: str) -> set[int]:
     return left
 
 
+SCHEMA_REGISTRY = "the Schema Registry"
+
+
+def start_schema_registry(base: Path, state: dict) -> None:
+    """The local Schema Registry (kafka_batch_dev.schema_registry), its schemas kept under `base`."""
+    port = state.get("schema_registry_port") or free_port()
+    command = [sys.executable, "-m", "kafka_batch_dev.schema_registry", "--port", str(port),
+               "--data", str(base / "schema-registry")]
+    _start_service(base, state, "schema_registry", SCHEMA_REGISTRY, command, port)
+
+
+def stop_schema_registry(state: dict) -> set[int]:
+    return _stop_service(state, "schema_registry", SCHEMA_REGISTRY)
+
+
+def schema_registry_connection(url: str) -> str:
+    """The AIRFLOW_CONN_* value of a registry at `url` (credentials, if any, in the URL's user info)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = {"conn_type": "http", "host": parts.hostname, "port": parts.port, "schema": parts.scheme,
+            "login": parts.username, "password": parts.password}
+    return json.dumps({k: v for k, v in conn.items() if v is not None})
+
+
 SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SPARK_CONNECT = "the Spark Connect server"
 
@@ -442,6 +469,8 @@ def connections_env(state: dict) -> dict[str, str]:
              "schema": DATABASE}
         ),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": schema_registry_connection(
+            f"http://127.0.0.1:{state['schema_registry_port']}"),
         **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
             {"conn_type": "spark_connect", "host": "127.0.0.1", "port": state["spark_connect_port"]})}
            if _service_running(state, "spark_connect") else {}),
@@ -511,6 +540,8 @@ def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
         start_postgres(base, state)
     if not (_service_running(state, "kafka") and _port_open(state["kafka_port"])):
         start_kafka(base, state)
+    if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
+        start_schema_registry(base, state)
     if spark_connect and not (_service_running(state, "spark_connect") and _port_open(state["spark_connect_port"])):
         start_spark_connect(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
@@ -616,10 +647,12 @@ def down(base: Path | None = None) -> None:
     base = (base or home()).resolve()
     state = read_state(base)
     left = {"Airflow": stop_airflow(state), SPARK_CONNECT: _stop_service(state, "spark_connect", SPARK_CONNECT),
+            SCHEMA_REGISTRY: stop_schema_registry(state),
             "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    for service, key in (("the Kafka broker", "kafka"), (SPARK_CONNECT, "spark_connect")):
+    for service, key in (("the Kafka broker", "kafka"), (SPARK_CONNECT, "spark_connect"),
+                         (SCHEMA_REGISTRY, "schema_registry")):
         if not left[service]:
             for suffix in ("pid", "started"):
                 state.pop(f"{key}_{suffix}", None)
@@ -637,7 +670,8 @@ def restart(service: str, base: Path | None = None) -> None:
     base = (base or home()).resolve()
     state = read_state(base)
     stop, start = {"postgres": (lambda: stop_postgres(base), start_postgres),
-                   "kafka": (lambda: stop_kafka(state), start_kafka)}[service]
+                   "kafka": (lambda: stop_kafka(state), start_kafka),
+                   "schema_registry": (lambda: stop_schema_registry(state), start_schema_registry)}[service]
     left = stop()
     if left:
         raise RuntimeError(f"{service} did not stop: {_describe_processes(left)}")
@@ -660,6 +694,7 @@ def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([
         f"Kafka bootstrap : 127.0.0.1:{state['kafka_port']}",
+        f"Schema Registry : http://127.0.0.1:{state['schema_registry_port']} (connection schema_registry_default)",
         f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
         f"(the pipeline's role; administrator: postgres)",
         f"Airflow home    : {env['AIRFLOW_HOME']} (metadata DB: database {AIRFLOW_DATABASE})",

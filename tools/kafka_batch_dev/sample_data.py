@@ -1,5 +1,6 @@
-"""Sample data for the demos, the benchmark and the tests (deterministic for a seed): page views,
-customers of a keyed topic (updates and tombstones), and Debezium change events of a customers table."""
+"""Sample data for the demos, the benchmark and the tests (deterministic for a seed): page views (JSON,
+or Avro through a Schema Registry), customers of a keyed topic (updates and tombstones), and Debezium
+change events of a customers table."""
 
 from __future__ import annotations
 
@@ -65,6 +66,45 @@ def produce_page_views(
         key, value = page_view(rng, users)
         timestamp = None if start_ms is None else start_ms + i * spacing_ms
         _send(producer, topic, key, json.dumps(value), **({} if timestamp is None else {"timestamp": timestamp}))
+    _flush(producer, topic)
+
+
+# The Avro page view, version 1, and version 2 with a field added with a default (the sample's reader view).
+PAGE_VIEW_V1 = {"type": "record", "name": "PageView", "namespace": "kafka_batch.sample", "fields": [
+    {"name": "user_id", "type": "string"},
+    {"name": "page", "type": "string"},
+    {"name": "duration_ms", "type": "long"},
+    {"name": "viewed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+]}
+PAGE_VIEW_V2 = {**PAGE_VIEW_V1, "fields": [*PAGE_VIEW_V1["fields"],
+                                           {"name": "country", "type": "string", "default": "unknown"}]}
+COUNTRIES = ["NO", "SE", "DK", "FI", "IS"]
+
+
+def produce_page_views_avro(config: dict[str, Any], registry: dict[str, Any], topic: str, count: int, seed: int = 0,
+                            changed_at: int | None = None, start_ms: int = 1_767_225_600_000, users: int = 1000) -> None:
+    """Produce `count` Avro page views with confluent-kafka's AvroSerializer (the Confluent wire format,
+    schemas registered under `<topic>-value`), keyed by user: version 1 of the schema, then from record
+    `changed_at` (default: half way) version 2, which adds `country`. `viewed_at` is start_ms plus a
+    second per record."""
+    from datetime import UTC, datetime
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient(registry)
+    versions = [AvroSerializer(client, json.dumps(schema)) for schema in (PAGE_VIEW_V1, PAGE_VIEW_V2)]
+    context = SerializationContext(topic, MessageField.VALUE)
+    changed_at = count // 2 if changed_at is None else changed_at
+    rng = random.Random(seed)
+    producer = _producer(config)
+    for i in range(count):
+        key, view = page_view(rng, users)
+        view["viewed_at"] = datetime.fromtimestamp((start_ms + i * 1000) / 1000, UTC)
+        if i >= changed_at:
+            view["country"] = rng.choice(COUNTRIES)
+        _send(producer, topic, key, versions[i >= changed_at](view, context))
     _flush(producer, topic)
 
 

@@ -46,8 +46,11 @@ class BatchSparkSubmitOperator(BaseOperator):
             spark = connections.from_airflow(self.pipeline.connections.spark)
         except AirflowNotFoundException:  # spark-submit with its defaults, as the provider's hook does
             spark = None
+        registry = None
+        if self.pipeline.record.uses_registry:
+            registry = connections.from_airflow(self.pipeline.connections.schema_registry)
         batch_id = int(self.batch_id)
-        with batch_execution(self.pipeline, batch_id, postgres, kafka, spark, mode=self.mode,
+        with batch_execution(self.pipeline, batch_id, postgres, kafka, spark, registry=registry, mode=self.mode,
                                     try_number=context["ti"].try_number) as execution:
             self._execution = execution
             try:

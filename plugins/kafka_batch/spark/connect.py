@@ -104,11 +104,12 @@ class ConnectExecution:
     """One batch through Spark Connect; `kill` interrupts only this batch's Spark operations."""
 
     def __init__(self, pipeline, batch_id: int, postgres: ConnectionFields, kafka: ConnectionFields, *,
-                 mode: str = "commit", try_number: int | None = None):
+                 registry: ConnectionFields | None = None, mode: str = "commit", try_number: int | None = None):
         self.pipeline = pipeline
         self.batch_id = batch_id
         self.postgres = connections.postgres_params(postgres)
         self.kafka = connections.kafka_config(kafka)
+        self.registry = None if registry is None else connections.schema_registry_config(registry)
         self.mode = mode
         self.try_number = try_number
         self._spark = None
@@ -125,7 +126,7 @@ class ConnectExecution:
         timings.mark("session_ready")
         try:
             job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,
-                          kafka_config=lambda _pipeline: self.kafka)
+                          kafka_config=lambda _pipeline: self.kafka, registry_config=self._registry)
         except Exception as exc:  # noqa: BLE001 - as under spark-submit: the kind, and the error the job recorded
             from kafka_batch.core.batches import recorded_error
 
@@ -134,6 +135,12 @@ class ConnectExecution:
             raise kind(f"batch {self.batch_id} failed: {recorded_error(self.postgres, self.batch_id)}") from None
         finally:
             spark.client.close()  # the channel only: the shared session stays for the next batch
+
+    def _registry(self, pipeline) -> dict:
+        if self.registry is None:  # the batch's snapshot uses a registry that the pipeline did not
+            raise errors.InputError(f"batch {self.batch_id} reads a Schema Registry: define the connection"
+                                    f" {pipeline.connections.schema_registry!r}")
+        return self.registry
 
     def kill(self) -> None:
         from kafka_batch.spark.job import batch_tag

@@ -46,15 +46,22 @@ class Unwrapped:
     """Columns over a decoded value: the fields, the envelope's own columns, whether the record says its
     key is deleted, and why it is not a valid event (null when it is)."""
 
-    def __init__(self, decoded: Column, envelope: str | None):
+    def __init__(self, decoded: Column, envelope: str | None, members: tuple[str, ...] | None = None):
+        """`members`: the decoded struct's fields when its schema is known (Avro: never the JSON
+        converter's wrapper, and a field it lacks is null); None: the JSON shape of `value_schema`."""
         if envelope is None:
             self.row = decoded
             self.extra: list[Column] = []
             self.deleted = F.lit(False)
             self.problem = F.lit(None).cast("string")
             return
-        root = F.struct(*[decoded.getField(name).alias(name) for name in ("before", "after", "op", "ts_ms", "source")])
-        event = F.coalesce(decoded.getField("payload"), root)
+        names = ("before", "after", "op", "ts_ms", "source")
+        if members is None:
+            root = F.struct(*[decoded.getField(name).alias(name) for name in names])
+            event = F.coalesce(decoded.getField("payload"), root)
+        else:
+            event = F.struct(*[(decoded.getField(name) if name in members else F.lit(None)).alias(name)
+                               for name in names])
         op = event.getField("op")
         self.deleted = F.coalesce(op == F.lit("d"), F.lit(False))
         self.row = F.when(op == F.lit("d"), event.getField("before")).otherwise(event.getField("after"))

@@ -28,10 +28,12 @@ from kafka_batch.errors import (
     raised_in_task,
     without_sqlstate,
 )
+from kafka_batch.formats import registry as schema_registry
+from kafka_batch.formats.avro import AvroColumn, AvroValues
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.sinks.base import StageContext
-from kafka_batch.spark.json_fields import parses_in_reader
+from kafka_batch.spark.json_fields import JsonFields, parses_in_reader
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
 from kafka_batch.spark.transform import invalid_records, parse_records
 
@@ -191,9 +193,14 @@ def env_kafka_config(pipeline: Pipeline) -> dict:
     return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
 
 
+def env_registry_config(pipeline: Pipeline) -> dict:
+    return connections.schema_registry_config(connections.from_environment(pipeline.connections.schema_registry))
+
+
 def run_batch(
     spark, postgres: dict, batch_id: int, try_number: int | None = None, mode: str = "commit",
     kafka_config: Callable[[Pipeline], dict] = env_kafka_config,
+    registry_config: Callable[[Pipeline], dict] = env_registry_config,
 ) -> CommitResult:
     """Execute a batch: commit it, or (mode `preview`, replays only) store how it would change the outputs."""
     conn = database.connect(postgres)
@@ -211,7 +218,8 @@ def run_batch(
     log.info("batch %s attempt %s: %d ranges, %d offsets (definition %s)", batch_id, attempt, len(batch.ranges),
              batch.span, batch.definition_hash[:12])
     try:
-        outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, batch, attempt)
+        decoder = _decoder(pipeline, registry_config)
+        outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, decoder, batch, attempt)
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         timings.mark("commit_start")
         conn = database.connect(postgres)
@@ -233,7 +241,7 @@ def run_batch(
     return result
 
 
-def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: batches.Batch, attempt: int):
+def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, batch: batches.Batch, attempt: int):
     """Read the batch's ranges once and let every sink compute its result from the parsed records."""
     conn = database.connect(postgres)
     try:
@@ -249,7 +257,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: batc
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
     records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators,
-                                        _reader_fields(pipeline)), pipeline)
+                                        decoder), pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
@@ -262,7 +270,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, batch: batc
             timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
             timings.mark("computed")
-            quarantined = _quarantine(spark, kafka, tasks, pipeline, batch, next(iter(outputs.values())).counts)
+            quarantined = _quarantine(spark, kafka, decoder, tasks, pipeline, batch,
+                                      next(iter(outputs.values())).counts)
         except Exception as exc:
             if watch.fenced_by is not None:
                 raise FencedAttempt(
@@ -291,20 +300,32 @@ def _columns(pipeline: Pipeline) -> tuple[str, ...]:
     return columns_used(c.expr for columns in used for c in columns)
 
 
-def _reader_fields(pipeline: Pipeline) -> dict[str, str] | None:
-    """The JSON fields for the reader to parse: all of them if pyarrow parses their types as from_json does."""
-    plain = pipeline.record.envelope is None  # an envelope's fields sit inside it: from_json parses those
-    return pipeline.fields if plain and parses_in_reader(pipeline.fields) else None
+def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
+    """The reader's decoder of the pipeline's values (None: Spark's from_json parses them all). A
+    registry that refuses the credentials fails the batch here, before any task reads."""
+    record = pipeline.record
+    if record.format == "avro":
+        registry = None
+        if record.uses_registry:
+            registry = registry_config(pipeline)
+            schema_registry.check(registry)
+        key = record.key
+        return AvroValues(
+            AvroColumn(record.avro_schema, registry if record.framing == "confluent" else None),
+            None if key is None else AvroColumn(key.avro_schema, registry if key.framing == "confluent" else None, "key"))
+    plain = record.envelope is None  # an envelope's fields sit inside it: from_json parses those
+    return JsonFields(pipeline.fields) if plain and parses_in_reader(pipeline.fields) else None
 
 
-def _quarantine(spark, kafka: dict, tasks, pipeline: Pipeline, batch: batches.Batch, counts: dict) -> pa.Table | None:
+def _quarantine(spark, kafka: dict, decoder, tasks, pipeline: Pipeline, batch: batches.Batch,
+                counts: dict) -> pa.Table | None:
     """The invalid records to quarantine, read again (with every column, the key and timestamp they
     keep) only when the sinks counted some; too many of them (over max_invalid_ratio) fail the
     batch, naming the first ones. The ranges are fixed, so the second read sees the same records."""
     invalid = sum(c.invalid for c in counts.values())
     if not invalid:
         return None
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read), pipeline)
+    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, decoder=decoder), pipeline)
     rows = invalid_records(records).orderBy("topic", "partition", "offset").toArrow()
     seen = sum(c.records + c.invalid for c in counts.values())
     limit = pipeline.limits.max_invalid_ratio

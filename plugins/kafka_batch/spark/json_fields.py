@@ -65,6 +65,21 @@ def parse_values(values: Sequence[bytes | None], fields: Mapping[str, str]) -> l
     return [pa.repeat(pa.scalar(True), n), *parsed]
 
 
+class JsonFields:
+    """The reader's decoder for a JSON pipeline (see kafka_batch.spark.reader): `columns` and `parse_values`."""
+
+    def __init__(self, fields: Mapping[str, str]):
+        if not parses_in_reader(fields):
+            raise ValueError(f"fields of types pyarrow cannot parse as Spark does: {dict(fields)}")
+        self.fields = dict(fields)
+
+    def columns(self) -> list[tuple[str, pa.DataType, str]]:
+        return columns(self.fields)
+
+    def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array]:
+        return parse_values(values, self.fields)
+
+
 def _parse(values: Sequence[bytes], fields: Mapping[str, str]) -> list[pa.Array] | None:
     n = len(values)
     if not n:

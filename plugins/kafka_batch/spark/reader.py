@@ -5,8 +5,10 @@ task, many small ones share one, read by one consumer assigned to all their part
 partition per task (`spark.range(n, numPartitions=n)`: partition i holds the number i, so no task
 rows are shipped through Python); each executor task reads its ranges with
 `kafka_source.read_partitions` and yields Arrow record batches, so a range is streamed, never held
-in memory whole. Only the record columns the pipeline uses are built, and a JSON pipeline's fields
-are parsed here when pyarrow can (`json_fields`). Code here runs on executors.
+in memory whole. Only the record columns the pipeline uses are built, and the values are decoded
+here by the pipeline's decoder: `json_fields.JsonFields` parses a JSON pipeline's fields when pyarrow
+can, `formats.avro.AvroValues` decodes Avro. A decoder gives `columns()` (name, Arrow type, Spark type)
+and `decode(values, keys)`, those columns for a chunk of records. Code here runs on executors.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import gc
 import operator
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +28,15 @@ from kafka_batch import timings
 from kafka_batch.config import ReadSettings
 from kafka_batch.kafka_source import read_partitions
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.spark import json_fields
+
+
+class Decoder(Protocol):
+    """How the values become columns (see the module's docstring)."""
+
+    def columns(self) -> list[tuple[str, pa.DataType, str]]: ...
+
+    def decode(self, values: list[bytes | None], keys: list[bytes | None]) -> list[pa.Array]: ...
+
 
 _HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 # Every column a record can have: (name, Arrow type, Spark type).
@@ -43,18 +53,18 @@ _GETTERS = {"offset": Message.offset, "key": Message.key}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def _columns(columns: Iterable[str], fields: dict[str, str] | None) -> list[tuple[str, pa.DataType, str]]:
+def _columns(columns: Iterable[str], decoder: Decoder | None) -> list[tuple[str, pa.DataType, str]]:
     wanted = set(columns)
-    return [c for c in _COLUMNS if c[0] in wanted] + (json_fields.columns(fields) if fields else [])
+    return [c for c in _COLUMNS if c[0] in wanted] + (decoder.columns() if decoder is not None else [])
 
 
-def record_schema(columns: Iterable[str] = ALL_COLUMNS, fields: dict[str, str] | None = None) -> str:
-    """The Spark schema of the records read with these columns (and `fields` parsed in the reader)."""
-    return ", ".join(f"`{name}` {spark}" for name, _, spark in _columns(columns, fields))
+def record_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> str:
+    """The Spark schema of the records read with these columns (and the decoder's)."""
+    return ", ".join(f"`{name}` {spark}" for name, _, spark in _columns(columns, decoder))
 
 
-def arrow_schema(columns: Iterable[str] = ALL_COLUMNS, fields: dict[str, str] | None = None) -> pa.Schema:
-    return pa.schema([(name, arrow) for name, arrow, _ in _columns(columns, fields)])
+def arrow_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> pa.Schema:
+    return pa.schema([(name, arrow) for name, arrow, _ in _columns(columns, decoder)])
 
 
 def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timestamp", "timestamp_type", "key")) -> tuple:
@@ -67,19 +77,18 @@ def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timesta
 
 
 def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str] = ALL_COLUMNS,
-                      fields: dict[str, str] | None = None) -> pa.RecordBatch:
+                      decoder: Decoder | None = None) -> pa.RecordBatch:
     """Columns of consumed records of one range's partition; timestamps in microseconds UTC, null when
     the record has none. Each column is one pass in C (map over the Message methods); the range's
-    id, topic and partition are constants, never read per record. With `fields` (a JSON pipeline's
-    fields, all of `json_fields.ARROW_TYPES`), the columns of `json_fields.columns` follow."""
-    schema = arrow_schema(columns, fields)
+    id, topic and partition are constants, never read per record. The decoder's columns follow."""
+    schema = arrow_schema(columns, decoder)
     n = len(messages)
     arrays = []
     values = list(map(Message.value, messages))
     for field in schema:
         name = field.name
-        if name == json_fields.PARSED:
-            arrays.extend(json_fields.parse_values(values, fields))
+        if name not in ALL_COLUMNS:
+            arrays.extend(decoder.decode(values, list(map(Message.key, messages))))
             break
         if name in ("range_id", "topic", "partition"):
             value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
@@ -116,7 +125,7 @@ def _binary(values: list[bytes | None]) -> pa.Array:
 
 
 def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings: dict[str, float],
-              columns: Iterable[str] = ALL_COLUMNS, fields: dict[str, str] | None = None) -> Iterator[pa.RecordBatch]:
+              columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> Iterator[pa.RecordBatch]:
     """The records of one task's ranges (one consumer for all of them) as Arrow batches of about
     `consume_batch_size` records: the small chunks of many partitions are joined, since every batch
     costs Spark a fixed amount on its way to the JVM."""
@@ -127,7 +136,7 @@ def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings:
     for r, messages in read_partitions(
         kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
     ):
-        pending.append(messages_to_arrow(messages, r, columns, fields))
+        pending.append(messages_to_arrow(messages, r, columns, decoder))
         rows += len(messages)
         if rows >= size:
             yield _joined(pending)
@@ -143,7 +152,7 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple,
-                fields: dict[str, str] | None, progress=None):
+                decoder: Decoder | None, progress=None):
     def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # The worker's modules are never garbage: frozen, the collector stops walking them every few
         # hundred Messages (15% of a reader's CPU).
@@ -153,7 +162,7 @@ def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings
                 timings.mark("task_start", task=number)
                 ranges = [OffsetRange(t, p, lo, hi, range_id=rid) for rid, t, p, lo, hi in tasks[number]]
                 records = 0
-                for arrow in read_task(kafka_config, ranges, settings, columns, fields):
+                for arrow in read_task(kafka_config, ranges, settings, columns, decoder):
                     records += arrow.num_rows
                     yield arrow
                 if progress is not None:
@@ -165,17 +174,15 @@ def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings
 
 
 def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRange]], settings: ReadSettings,
-                columns: Iterable[str] = ALL_COLUMNS, progress=None, fields: dict[str, str] | None = None):
+                columns: Iterable[str] = ALL_COLUMNS, progress=None, decoder: Decoder | None = None):
     """A DataFrame of the records of the given packed tasks (lists of (sub-)ranges), one Spark
-    partition per task, with the given record columns, and with `fields` parsed where pyarrow can
-    (see `json_fields`; `transform.parse_records` parses the rest). `progress`, a pair of Spark
-    accumulators, adds up the records and the (sub-)ranges each finished task read (for progress lines)."""
-    if fields is not None and not json_fields.parses_in_reader(fields):
-        raise ValueError(f"fields of types pyarrow cannot parse as Spark does: {fields}")
+    partition per task, with the given record columns and the decoder's (`transform.parse_records`
+    decodes what a JSON decoder left). `progress`, a pair of Spark accumulators, adds up the records
+    and the (sub-)ranges each finished task read (for progress lines)."""
     if not tasks or not all(tasks):
         raise ValueError("read_ranges needs at least one task, and no empty one")
     columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
     plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
     numbers = spark.range(0, len(plain), 1, len(plain))
-    return numbers.mapInArrow(_read_tasks(kafka_config, plain, settings.model_dump(), columns, fields, progress),
-                              record_schema(columns, fields))
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, settings.model_dump(), columns, decoder, progress),
+                              record_schema(columns, decoder))

@@ -1,15 +1,17 @@
-"""Records -> parsed records: the pipeline's JSON fields next to the record's metadata, validated.
+"""Records -> parsed records: the pipeline's fields next to the record's metadata, validated.
 
 Every sink computes from this one DataFrame. Tombstones (null values) stay, flagged `_tombstone`, so
 sinks can count them; `_deleted` flags the records that say their key is gone (a tombstone, or an
 envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record
 the pipeline cannot process (a value over `max_value_bytes`, not a JSON object with the declared
-fields, not an event of its envelope, or a null where a sink needs a key) gets its reason in
+fields, an Avro value its reader could not decode, not an event of its envelope, or a null where a
+sink needs a key) gets its reason in
 `_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
 such a record stops the batch instead, with raise_error naming its topic, partition and offset.
-The reader may have parsed the fields already (`json_fields`, pyarrow, where it gives what from_json
-gives); from_json then parses only the records it left. Pure DataFrame -> DataFrame: tested on a
-local session.
+Avro values are decoded by the reader (`formats.avro`): their fields are the top-level fields of
+the record (`record` is the whole of it). JSON: the reader may have parsed the fields already
+(`json_fields`, pyarrow, where it gives what from_json gives); from_json then parses only the records
+it left. Pure DataFrame -> DataFrame: tested on a local session.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pyspark.sql import functions as F
 
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import INVALID_RECORD
+from kafka_batch.formats.avro import decoded_column, error_column
 from kafka_batch.spark.envelope import Unwrapped, value_schema
 from kafka_batch.spark.json_fields import PARSED, field_column
 
@@ -34,8 +37,10 @@ QUARANTINE_KEEP_BYTES = 65_536
 
 def _reason(pipeline: Pipeline) -> Column:
     """Why a record cannot be processed, or null; the first reason that applies. Each condition is a
-    plain test; the message is built only for the invalid records (a sixth of Spark's work otherwise)."""
-    missing = {n: F.col(n).isNull() for n in pipeline.fields}
+    plain test; the message is built only for the invalid records (a sixth of Spark's work otherwise).
+    An Avro record is valid when its schema's resolution gives it: a null there is the schema's."""
+    json = pipeline.record.format == "json"
+    missing = {n: F.col(n).isNull() for n in pipeline.fields} if json else {}
     null_keys = {f"{sink.kind}.{c.name}": F.expr(c.expr).cast(c.spark_type).isNull()
                  for sink in pipeline.sinks for c in sink.required_columns}
     limit = pipeline.limits.max_value_bytes
@@ -44,15 +49,17 @@ def _reason(pipeline: Pipeline) -> Column:
         .when(F.length("value") > limit, F.format_string(f"value of %d bytes is over max_value_bytes {limit}",
                                                            F.length("value")))
     )
-    lacking = _any(missing)
+    for error in _decode_errors(pipeline):
+        reason = reason.when(F.col(error).isNotNull(), F.col(error))
     if pipeline.record.envelope is not None:  # not an event of the envelope; a delete may lack fields
         reason = reason.when(F.col(_PROBLEM).isNotNull(), F.col(_PROBLEM))
-        lacking = ~F.col("_deleted") & lacking
-    reason = (
-        reason.when(lacking, F.format_string(
+    if missing:
+        lacking = _any(missing)
+        if pipeline.record.envelope is not None:
+            lacking = ~F.col("_deleted") & lacking
+        reason = reason.when(lacking, F.format_string(
             "not a JSON object with the fields %s (missing, null or mistyped: %s)",
             F.lit(", ".join(f"{n}: {t}" for n, t in pipeline.fields.items())), _names_where(missing)))
-    )
     return reason.when(_any(null_keys), F.format_string("null key(s) %s", _names_where(null_keys))) if null_keys else reason
 
 
@@ -65,6 +72,40 @@ def _names_where(conditions: dict[str, Column]) -> Column:
 
 
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    envelope = pipeline.record.envelope
+    if pipeline.record.format == "avro":  # decoded by the reader (formats.avro.AvroValues)
+        parsed = records
+        value = Unwrapped(F.col(decoded_column("value")), envelope, tuple(pipeline.record.view.fields))
+        fields = [value.field(name).alias(name) for name in pipeline.fields] + [value.row.alias("record")]
+        if pipeline.record.key is not None:
+            fields.append(F.col(decoded_column("key")).alias("record_key"))
+    else:
+        parsed, value, fields = _json_fields(records, pipeline)
+    # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
+    metadata = [c for c in METADATA if c in records.columns]
+    tombstone = F.col("value").isNull()
+    flat = parsed.select(*metadata, *fields, *value.extra, *_decode_errors(pipeline), tombstone.alias("_tombstone"),
+                         (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM))
+    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM, *_decode_errors(pipeline))
+    if pipeline.on_invalid_record == "quarantine":
+        return checked
+    rejected = F.raise_error(F.format_string(
+        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}): %s",
+        F.col("topic"), F.col("partition"), F.col("offset"), F.col("_invalid"),
+    ))
+    # A filter, not a column: Spark evaluates it for every record whatever columns a sink selects.
+    return checked.where(F.when(F.col("_invalid").isNull(), F.lit(True)).otherwise(rejected))
+
+
+def _decode_errors(pipeline: Pipeline) -> list[str]:
+    """The reader's columns of why a value (or key) could not be decoded."""
+    if pipeline.record.format != "avro":
+        return []
+    return [error_column("value")] + ([error_column("key")] if pipeline.record.key is not None else [])
+
+
+def _json_fields(records: DataFrame, pipeline: Pipeline) -> tuple[DataFrame, Unwrapped, list[Column]]:
+    """The JSON fields: as the reader parsed them (json_fields), else by from_json."""
     text = F.col("value").cast("string")
     in_reader = PARSED in records.columns
     if in_reader:
@@ -77,21 +118,7 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
         by_spark = value.field(name)
         return (F.when(F.col(PARSED), F.col(field_column(name))).otherwise(by_spark) if in_reader else by_spark).alias(name)
 
-    fields = [field(name) for name in pipeline.fields]
-    # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
-    metadata = [c for c in METADATA if c in records.columns]
-    tombstone = F.col("value").isNull()
-    flat = parsed.select(*metadata, *fields, *value.extra, tombstone.alias("_tombstone"),
-                         (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM))
-    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM)
-    if pipeline.on_invalid_record == "quarantine":
-        return checked
-    rejected = F.raise_error(F.format_string(
-        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}): %s",
-        F.col("topic"), F.col("partition"), F.col("offset"), F.col("_invalid"),
-    ))
-    # A filter, not a column: Spark evaluates it for every record whatever columns a sink selects.
-    return checked.where(F.when(F.col("_invalid").isNull(), F.lit(True)).otherwise(rejected))
+    return parsed, value, [field(name) for name in pipeline.fields]
 
 
 def invalid_records(parsed: DataFrame) -> DataFrame:

@@ -1,0 +1,394 @@
+"""Avro values: the pipeline's reader view, its Spark and Arrow types, and decoding records into Arrow.
+
+The reader view is the Avro schema a pipeline gives (`record.schema`): what every record is read as,
+whatever schema wrote it. Records are resolved from their writer schema to the reader view by the
+Avro rules (fastavro): added fields take their defaults, removed fields vanish, promotions apply; a
+writer schema that cannot give a field the view requires makes its records invalid, with the reason.
+
+Types follow Spark's own Avro mapping: records are structs (so `address.city` reaches a nested field),
+a union with null is a nullable value, any other union is a struct of `member0`, `member1`, ...,
+enums are strings, maps have string keys, `timestamp-*` are timestamps (`local-timestamp-*` without a
+zone), `date` is a date, `decimal` a decimal. Decoding leaves the logical types it can convert in bulk
+as their numbers (a Python datetime per record would cost as much as the decoding) and converts the
+Arrow columns afterwards. Code here runs on executors: fastavro and pyarrow only.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from fastavro import parse_schema, schemaless_reader
+from fastavro.read import SchemaResolutionError
+from fastavro.schema import to_parsing_canonical_form
+
+PRIMITIVES = {
+    "boolean": (pa.bool_(), "boolean"), "int": (pa.int32(), "int"), "long": (pa.int64(), "bigint"),
+    "float": (pa.float32(), "float"), "double": (pa.float64(), "double"), "bytes": (pa.binary(), "binary"),
+    "string": (pa.string(), "string"),
+}
+# Logical types decoded as their number and converted per column: (Arrow type decoded, type converted, Spark).
+NUMERIC_LOGICAL = {
+    "timestamp-millis": (pa.int64(), pa.timestamp("us", tz="UTC"), "timestamp", 1000),
+    "timestamp-micros": (pa.int64(), pa.timestamp("us", tz="UTC"), "timestamp", 1),
+    "local-timestamp-millis": (pa.int64(), pa.timestamp("us"), "timestamp_ntz", 1000),
+    "local-timestamp-micros": (pa.int64(), pa.timestamp("us"), "timestamp_ntz", 1),
+    "date": (pa.int32(), pa.date32(), "date", 1),
+}
+# Logical types kept as their underlying type (Spark has no time of day; a uuid is its string).
+PLAIN_LOGICAL = ("time-millis", "time-micros", "uuid")
+
+
+class SchemaProblem(ValueError):
+    """A reader view that is not a valid Avro record schema this project can map."""
+
+
+@dataclass(frozen=True)
+class AvroType:
+    """One Avro type of the view: the Arrow type it decodes into, the Arrow type and Spark type it
+    ends as, how a decoded Python value becomes what Arrow takes (None: as it is), and the
+    per-column conversion after (None: none)."""
+
+    decoded: pa.DataType
+    arrow: pa.DataType
+    spark: str
+    nullable: bool = False
+    adapt: Callable[[Any], Any] | None = None
+    convert: Callable[[pa.Array], pa.Array] | None = None
+    members: tuple[tuple[str, AvroType], ...] = ()  # a record's fields
+
+
+def _named(schema: Any, namespace: str | None) -> str:
+    name = schema["name"]
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def _backquoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class _Mapper:
+    """Walks a schema once, resolving named types; refuses what Spark cannot hold (recursion)."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}
+        self.active: set[str] = set()
+
+    def map(self, schema: Any, namespace: str | None = None) -> AvroType:
+        if isinstance(schema, list):
+            return self._union(schema, namespace)
+        if isinstance(schema, str):
+            if schema in PRIMITIVES:
+                return AvroType(PRIMITIVES[schema][0], PRIMITIVES[schema][0], PRIMITIVES[schema][1])
+            if schema == "null":
+                return AvroType(pa.null(), pa.null(), "void", nullable=True)
+            full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+            target = self.named.get(full) or self.named.get(schema)
+            if target is None:
+                raise SchemaProblem(f"unknown type {schema!r}")
+            return self.map(target, namespace)
+        kind = schema["type"]
+        logical = schema.get("logicalType")
+        if logical in NUMERIC_LOGICAL and kind in ("int", "long"):
+            decoded, arrow, spark, factor = NUMERIC_LOGICAL[logical]
+            return AvroType(decoded, arrow, spark, convert=_scaled(arrow, factor))
+        if logical == "decimal" and kind in ("bytes", "fixed"):
+            precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
+            if precision > 38:
+                raise SchemaProblem(f"decimal precision {precision} is over 38, Spark's largest")
+            if kind == "fixed":
+                self._define(schema, namespace)
+            arrow = pa.decimal128(precision, scale)
+            return AvroType(arrow, arrow, f"decimal({precision},{scale})")
+        if kind in PRIMITIVES or kind == "null":
+            return self.map(kind, namespace)
+        if kind == "enum":
+            self._define(schema, namespace)
+            return AvroType(pa.string(), pa.string(), "string")
+        if kind == "fixed":
+            self._define(schema, namespace)
+            return AvroType(pa.binary(), pa.binary(), "binary")
+        if kind == "array":
+            item = self.map(schema["items"], namespace)
+            adapt = None if item.adapt is None else (lambda values, a=item.adapt: None if values is None else
+                                                     [a(v) for v in values])
+            return AvroType(pa.list_(item.decoded), pa.list_(item.arrow), f"array<{item.spark}>", adapt=adapt,
+                            convert=None if item.convert is None else _in_list(item.convert))
+        if kind == "map":
+            value = self.map(schema["values"], namespace)
+            if value.adapt is not None or value.convert is not None:
+                raise SchemaProblem("a map of values with logical types or unions of several types is not supported")
+            return AvroType(pa.map_(pa.string(), value.decoded), pa.map_(pa.string(), value.arrow),
+                            f"map<string,{value.spark}>")
+        if kind in ("record", "error"):
+            return self._record(schema, namespace)
+        raise SchemaProblem(f"unknown type {kind!r}")
+
+    def _define(self, schema: Any, namespace: str | None) -> str:
+        full = _named(schema, namespace)
+        self.named[full] = schema
+        self.named.setdefault(schema["name"], schema)
+        return full
+
+    def _record(self, schema: Any, namespace: str | None) -> AvroType:
+        full = self._define(schema, namespace)
+        if full in self.active:
+            raise SchemaProblem(f"record {full} contains itself: Spark has no recursive types")
+        self.active.add(full)
+        inner = full.rpartition(".")[0] or None
+        fields = [(f["name"], self.map(f["type"], inner)) for f in schema["fields"]]
+        self.active.discard(full)
+        decoded = pa.struct([pa.field(n, t.decoded) for n, t in fields])
+        arrow = pa.struct([pa.field(n, t.arrow) for n, t in fields])
+        spark = "struct<" + ",".join(f"{_backquoted(n)}:{t.spark}" for n, t in fields) + ">"
+        adapters = [(n, t.adapt) for n, t in fields if t.adapt is not None]
+        adapt = None
+        if adapters:
+            def adapt(record, adapters=adapters):
+                if record is None:
+                    return None
+                for name, one in adapters:
+                    record[name] = one(record[name])
+                return record
+        converts = [t.convert for _, t in fields]
+        convert = None if not any(converts) else _in_struct(arrow, converts)
+        return AvroType(decoded, arrow, spark, adapt=adapt, convert=convert, members=tuple(fields))
+
+    def _union(self, branches: list, namespace: str | None) -> AvroType:
+        others = [b for b in branches if b != "null"]
+        nullable = len(others) < len(branches)
+        if len(others) == 1:
+            one = self.map(others[0], namespace)
+            return AvroType(one.decoded, one.arrow, one.spark, nullable, one.adapt, one.convert, one.members)
+        mapped = [self.map(b, namespace) for b in others]
+        if any(m.adapt is not None or m.convert is not None for m in mapped):
+            raise SchemaProblem("a union of several types with logical types or nested unions is not supported")
+        names = [f"member{i}" for i in range(len(mapped))]
+        kinds = [_python_kinds(b, self) for b in others]
+        arrow = pa.struct([pa.field(n, m.arrow) for n, m in zip(names, mapped, strict=True)])
+
+        def adapt(value, names=names, kinds=kinds):
+            if value is None:
+                return None
+            member = next(i for i, accepts in enumerate(kinds) if type(value) in accepts)
+            return {names[member]: value}
+
+        spark = "struct<" + ",".join(f"{n}:{m.spark}" for n, m in zip(names, mapped, strict=True)) + ">"
+        return AvroType(arrow, arrow, spark, nullable, adapt=adapt)
+
+
+def _python_kinds(branch: Any, mapper: _Mapper) -> tuple[type, ...]:
+    """What Python type fastavro decodes a union branch into (the branch a value came from)."""
+    kind = branch if isinstance(branch, str) else branch["type"]
+    if kind not in PRIMITIVES and kind not in ("enum", "fixed", "record", "array", "map") and isinstance(branch, str):
+        return _python_kinds(mapper.named.get(kind) or mapper.named[branch], mapper)
+    return {"boolean": (bool,), "int": (int,), "long": (int,), "float": (float,), "double": (float,),
+            "bytes": (bytes,), "fixed": (bytes,), "string": (str,), "enum": (str,), "record": (dict,),
+            "map": (dict,), "array": (list,)}[kind]
+
+
+def _scaled(arrow: pa.DataType, factor: int) -> Callable[[pa.Array], pa.Array]:
+    def convert(numbers: pa.Array) -> pa.Array:
+        if factor != 1:
+            numbers = pc.multiply(numbers, factor)
+        return numbers.cast(arrow)
+    return convert
+
+
+def _in_list(convert: Callable[[pa.Array], pa.Array]) -> Callable[[pa.Array], pa.Array]:
+    def converted(array: pa.Array) -> pa.Array:
+        values = convert(array.values)
+        return pa.ListArray.from_arrays(array.offsets, values, mask=array.is_null())
+    return converted
+
+
+def _in_struct(arrow: pa.StructType, converts: list) -> Callable[[pa.Array], pa.Array]:
+    def converted(array: pa.StructArray) -> pa.StructArray:
+        children = [array.field(i) if c is None else c(array.field(i)) for i, c in enumerate(converts)]
+        return pa.StructArray.from_arrays(children, fields=list(arrow), mask=array.is_null())
+    return converted
+
+
+def _physical(schema: Any) -> Any:
+    """The schema with the logical types converted per column (and the plain ones) left out: fastavro
+    then returns their numbers, as fast as any long."""
+    if isinstance(schema, list):
+        return [_physical(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _physical(v) if k in ("type", "items", "values", "fields") else v for k, v in schema.items()}
+    if isinstance(schema.get("fields"), list):
+        out["fields"] = [{**f, "type": _physical(f["type"])} for f in schema["fields"]]
+    if schema.get("logicalType") in (*NUMERIC_LOGICAL, *PLAIN_LOGICAL):
+        out.pop("logicalType")
+    return out
+
+
+def load_schema(value: Any, record: bool = True) -> Any:
+    """A schema given as a mapping or as its JSON text, checked as Avro (SchemaProblem otherwise); a
+    record schema unless `record` is false (a key may be a string, a long, ...)."""
+    if isinstance(value, str) and value.lstrip().startswith(("{", "[", '"')):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SchemaProblem(f"not JSON: {exc.msg}") from None
+    if record and not (isinstance(value, dict) and value.get("type") == "record"):
+        raise SchemaProblem("must be an Avro record schema ({type: record, name, fields})")
+    try:
+        parse_schema(copy.deepcopy(value))
+        _Mapper().map(value)
+    except SchemaProblem:
+        raise
+    except Exception as exc:  # noqa: BLE001 - fastavro's schema errors have no common base
+        raise SchemaProblem(str(exc)) from None
+    return value
+
+
+class ReaderView:
+    """A pipeline's reader view: its top-level fields' Spark types, and the decoding into Arrow."""
+
+    def __init__(self, schema: Any):
+        self.schema = schema
+        self.type = _Mapper().map(schema)
+        self.parsed = parse_schema(_physical(copy.deepcopy(schema)))
+        self.canonical = to_parsing_canonical_form(self.parsed)
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """Each top-level field with its Spark type."""
+        return {name: t.spark for name, t in self.type.members}
+
+    def member(self, name: str) -> AvroType | None:
+        return dict(self.type.members).get(name)
+
+    def records_to_arrow(self, records: Sequence[dict | None]) -> pa.StructArray:
+        """Decoded records (None: no record) as one struct column of the view's final types."""
+        if self.type.adapt is not None:
+            records = [self.type.adapt(r) for r in records]
+        array = pa.array(records, self.type.decoded) if records else pa.array([], self.type.decoded)
+        return self.type.convert(array) if self.type.convert is not None else array
+
+
+def decode(payload: bytes, start: int, writer: Any, reader: Any) -> dict:
+    """One Avro datum from `payload[start:]`, written with `writer`, read as `reader` (None: the
+    writer itself); every byte must belong to it (trailing bytes are an error, not ignored)."""
+    buffer = io.BytesIO(payload)
+    buffer.seek(start)
+    record = schemaless_reader(buffer, writer, reader)
+    if buffer.tell() != len(payload):
+        raise ValueError(f"{len(payload) - buffer.tell()} byte(s) after the record")
+    return record
+
+
+
+def _parse_writer(text: str, references: dict[str, str]) -> tuple[Any, str]:
+    """A registered writer schema (with the named types it references), its logical types left out as
+    the view's are, and its canonical form."""
+    named: dict[str, Any] = {}
+    for reference in references.values():
+        parse_schema(_physical(json.loads(reference)), named_schemas=named)
+    parsed = parse_schema(_physical(json.loads(text)), named_schemas=named)
+    return parsed, to_parsing_canonical_form(parsed)
+
+
+def decoded_column(side: str) -> str:
+    """The reader's column of the decoded value (`side` "value") or key ("key")."""
+    return f"_{side}_decoded"
+
+
+def error_column(side: str) -> str:
+    """The reader's column of why a value or key could not be decoded (null when it could)."""
+    return f"_{side}_decode_error"
+
+
+class AvroColumn:
+    """Avro bytes of one side of a record (its value or its key) decoded: as the view (`<side>`), or why
+    not (`<side>_decode_error`), and the id of the schema that wrote it (`<side>_schema_id`, Confluent
+    framing only). `registry`: the Schema Registry client's settings, None for plain Avro written with
+    the view itself."""
+
+    def __init__(self, schema: Any, registry: dict | None, side: str = "value"):
+        self.schema = schema
+        self.registry = registry
+        self.side = side
+        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), f"_{side}_schema_id"
+        self._view: ReaderView | None = None
+
+    @property
+    def view(self) -> ReaderView:
+        if self._view is None:  # built on the executor, once per decoder
+            self._view = ReaderView(self.schema)
+        return self._view
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_view": None}
+
+    def columns(self) -> list[tuple[str, pa.DataType, str]]:
+        return [(self.name, self.view.type.arrow, self.view.type.spark), (self.error, pa.string(), "string"),
+                (self.schema_id, pa.int32(), "int")]
+
+    def decode(self, payloads: Sequence[bytes | None]) -> list[pa.Array]:
+        from kafka_batch.formats import registry
+
+        view = self.view
+        n = len(payloads)
+        records: list[Any] = [None] * n
+        errors: list[str | None] = [None] * n
+        ids: list[int | None] = [None] * n
+        unknown: dict[int, str] = {}  # ids this call found bad: asked once
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                continue
+            if self.registry is None:
+                try:
+                    records[i] = decode(payload, 0, view.parsed, None)
+                except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds on bad bytes
+                    errors[i] = f"undecodable Avro {self.side} ({_reason(exc)})"
+                continue
+            problem = registry.header_problem(payload)
+            if problem is not None:
+                errors[i] = f"{self.side} {problem}"
+                continue
+            ident = ids[i] = registry.schema_id(payload)
+            if ident in unknown:
+                errors[i] = unknown[ident]
+                continue
+            try:
+                writer, canonical = registry.fetch(self.registry, ident, "AVRO", _parse_writer)
+            except registry.UnknownSchema as exc:
+                errors[i] = unknown[ident] = f"{self.side}: {exc}"
+                continue
+            try:
+                reader = None if canonical == view.canonical else view.parsed
+                records[i] = decode(payload, registry.HEADER_BYTES, writer, reader)
+            except SchemaResolutionError as exc:  # names the field the writer schema cannot give
+                errors[i] = (f"{self.side}: schema id {ident} cannot be read as the pipeline's schema:"
+                             f" {' '.join(str(exc).split())}")
+            except Exception as exc:  # noqa: BLE001 - as above
+                errors[i] = f"{self.side}: schema id {ident}: undecodable Avro payload ({_reason(exc)})"
+        return [view.records_to_arrow(records), pa.array(errors, pa.string()), pa.array(ids, pa.int32())]
+
+
+class AvroValues:
+    """The reader's decoder of an Avro pipeline (see kafka_batch.spark.reader): its values, and its keys
+    when the pipeline decodes them too."""
+
+    def __init__(self, value: AvroColumn, key: AvroColumn | None = None):
+        self.value, self.key = value, key
+
+    def columns(self) -> list[tuple[str, pa.DataType, str]]:
+        return self.value.columns() + (self.key.columns() if self.key is not None else [])
+
+    def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array]:
+        return self.value.decode(values) + (self.key.decode(keys) if self.key is not None else [])
+
+
+def _reason(exc: Exception) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
