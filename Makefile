@@ -80,7 +80,7 @@ schema: install
 	$(BIN)/kafka-batch schema --markdown > docs/configuration.md
 
 lock: install
-	$(BIN)/pip freeze --exclude-editable | grep -v '^-e' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt
+	$(BIN)/pip freeze --all --exclude-editable | grep -v '^-e\|^pip==' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt
 
 clean: down
 	rm -rf "$(KAFKA_BATCH_HOME)"

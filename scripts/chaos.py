@@ -16,6 +16,9 @@ checks, with a plain read_committed consumer that shares no code with the pipeli
 
 A fault meant for a phase is injected only once the job is seen in that phase (from Postgres: the
 attempt claimed, the commit transaction open, the batch committed); the table says how many landed.
+A scenario named `<scenario>:avro` runs on a topic of Avro values in the Confluent wire format (the
+local Schema Registry; the invalid records are then not in that format), checked the same way with
+confluent-kafka's AvroDeserializer.
 
     python scripts/chaos.py --iterations 3 --records 20000 [--scenarios kill-reading,race] [--json out.json]
 """
@@ -105,7 +108,47 @@ def connect_environment(env: dict[str, str]) -> dict[str, str]:
 
 # --- the verifying producer --------------------------------------------------------------------------
 
-def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool) -> Producer | None:
+# The Avro scenarios' records: what the JSON ones hold.
+AVRO_SCHEMA = {"type": "record", "name": "ChaosRecord", "fields": [
+    {"name": "id", "type": "string"}, {"name": "page", "type": "string"}, {"name": "amount", "type": "long"}]}
+
+
+def registry_client():
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    conn = json.loads(os.environ["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"])
+    return SchemaRegistryClient({"url": f"{conn.get('schema') or 'http'}://{conn['host']}:{conn['port']}"})
+
+
+class Codec:
+    """How the suite writes and reads a record's value: JSON, or Avro through the Schema Registry."""
+
+    def __init__(self, topic: str, avro: bool):
+        self.avro = avro
+        if avro:
+            from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+            from confluent_kafka.serialization import MessageField, SerializationContext
+
+            client = registry_client()
+            self.context = SerializationContext(topic, MessageField.VALUE)
+            self.serializer = AvroSerializer(client, json.dumps(AVRO_SCHEMA))
+            self.deserializer = AvroDeserializer(client, json.dumps(AVRO_SCHEMA))
+
+    def encode(self, record: dict) -> bytes:
+        return self.serializer(record, self.context) if self.avro else json.dumps(record).encode()
+
+    def decode(self, value: bytes) -> dict:
+        """The record, or ValueError (not a record of the suite's: invalid)."""
+        if not self.avro:
+            return json.loads(value)
+        try:
+            return self.deserializer(value, self.context)
+        except Exception as exc:  # noqa: BLE001 - the deserializer's errors have no common base
+            raise ValueError(str(exc)) from None
+
+
+def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool,
+            codec: Codec) -> Producer | None:
     """Unique records in transactions: two in three committed, one in three aborted, a few invalid.
 
     Returns a producer whose transaction is left open (to be committed after the plan), if asked.
@@ -123,7 +166,7 @@ def produce(topic: str, partitions: int, count: int, rng: random.Random, open_tx
         producer.begin_transaction()
         for _ in range(size):
             value = (b"{not json" if rng.random() < 0.003 else
-                     json.dumps({"id": uuid.uuid4().hex, "page": rng.choice(PAGES), "amount": rng.randint(1, 1000)}))
+                     codec.encode({"id": uuid.uuid4().hex, "page": rng.choice(PAGES), "amount": rng.randint(1, 1000)}))
             producer.produce(topic, value=value, partition=rng.randrange(partitions))
         producer.flush(60)
         producer.abort_transaction() if producer is producers[1] else producer.commit_transaction()
@@ -134,7 +177,7 @@ def produce(topic: str, partitions: int, count: int, rng: random.Random, open_tx
     late.init_transactions(30)
     late.begin_transaction()
     for _ in range(100):
-        late.produce(topic, value=json.dumps({"id": uuid.uuid4().hex, "page": "/late", "amount": 1}),
+        late.produce(topic, value=codec.encode({"id": uuid.uuid4().hex, "page": "/late", "amount": 1}),
                      partition=rng.randrange(partitions))
     late.flush(30)
     return late
@@ -191,7 +234,7 @@ class Memory:
         self.records.update({(p, o): v for p, o, v in committed_records(topic, ends)})
 
 
-def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory) -> list[str]:
+def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory, codec: Codec) -> list[str]:
     """Every invariant of the module docstring; returns the violations."""
     violations = []
     positions = {(t, p): o for t, p, o in sql(
@@ -213,7 +256,7 @@ def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory) -> 
                 p == partition and lo <= offset < hi for p, lo, hi in lost):
             continue
         try:
-            record = json.loads(value)
+            record = codec.decode(value)
             valid[(partition, offset)] = (record["id"], record["page"], int(record["amount"]))
         except (ValueError, KeyError, TypeError):
             invalid.add((partition, offset))
@@ -565,7 +608,7 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
 
 SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-after-commit", "zombie", "terminate-random",
              "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart", "task-retry",
-             "retention-skip", "retention-fail"]
+             "retention-skip", "retention-fail", "kill-reading:avro"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -595,16 +638,18 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in args.scenarios.split(","):
         outcome = results[name] = Outcome()
-        pipeline = f"chaos_{name.replace('-', '_')}_{uuid.uuid4().hex[:6]}"
+        strike, _, encoding = name.partition(":")
+        pipeline = f"chaos_{strike.replace('-', '_')}{'_' + encoding if encoding else ''}_{uuid.uuid4().hex[:6]}"
         topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records",
                                               "upsert": f"{pipeline}_latest"}
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
         admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
         definition = {
             "name": pipeline, "topics": [topic], "schedule": None,
-            "record": {"fields": {"id": "string", "page": "string", "amount": "long"}},
+            "record": ({"format": "avro", "schema": AVRO_SCHEMA} if encoding == "avro" else
+                       {"fields": {"id": "string", "page": "string", "amount": "long"}}),
             "limits": {"max_invalid_ratio": 0.5},
-            **({"on_data_loss": name.removeprefix("retention-")} if name.startswith("retention-") else {}),
+            **({"on_data_loss": strike.removeprefix("retention-")} if strike.startswith("retention-") else {}),
             "read": {"fence_check_seconds": 1, "stall_timeout_seconds": 60},
             "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
                                     "measures": {"n": "1", "amount": "amount"}},
@@ -620,13 +665,14 @@ def main(argv: list[str] | None = None) -> int:
         registry.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
         conn.close()
         memory = Memory()
+        codec = Codec(topic, encoding == "avro")
         try:
             for iteration in range(args.iterations):
                 started = time.monotonic()
-                late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0)
+                late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0, codec=codec)
                 produced = time.monotonic()
                 outcome.records += args.records
-                outcome.faults += scenario(name, pipeline, topic, f"it{iteration}", env, rng, tables, memory, path)
+                outcome.faults += scenario(strike, pipeline, topic, f"it{iteration}", env, rng, tables, memory, path)
                 struck = time.monotonic()
                 if late is not None:
                     late.commit_transaction()
@@ -635,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
                 if took == float("inf"):
                     outcome.violations.append(f"iteration {iteration}: lag not zero within {RECOVERY_BOUND_S}s")
                 checking = time.monotonic()
-                outcome.violations += [f"iteration {iteration}: {v}" for v in check(pipeline, topic, tables, memory)]
+                outcome.violations += [f"iteration {iteration}: {v}"
+                                       for v in check(pipeline, topic, tables, memory, codec)]
                 outcome.iterations += 1
                 print(f"{name} iteration {iteration}: faults {dict(outcome.faults)}, "
                       f"violations {len(outcome.violations)}, recovery {took:.0f}s (produce {produced - started:.0f}s,"

@@ -144,6 +144,7 @@ LONGEST_FIRST = (
     "tests/integration/test_standalone.py",  # 90 s
     "tests/integration/test_chaos.py",  # 85 s
     "tests/integration/test_avro.py",  # 75 s
+    "tests/integration/test_protobuf.py",  # 35 s
     "tests/integration/test_kafka_credentials.py",
     "tests/integration/test_retention.py",
     "tests/integration/test_planning.py",

@@ -36,7 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
-from kafka_batch.formats import avro
+from kafka_batch.formats import avro, protobuf
 from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, invalid
 from kafka_batch.sinks import SINKS, Sink
 
@@ -47,7 +47,8 @@ FIELD_TYPES = ("string", "long", "int", "double", "boolean", "timestamp")
 RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type", "key")
 # The columns an envelope adds besides the fields it wraps (kafka_batch.spark.envelope).
 ENVELOPE_COLUMNS = {"debezium": ("op", "ts_ms", "source")}
-# Columns an Avro record adds: the whole decoded record, and the raw value kept for the quarantine.
+# Columns a binary (Avro, Protobuf) record adds: the whole decoded record and key, and the raw value kept
+# for the quarantine.
 AVRO_COLUMNS = ("record", "record_key", "value", "range_id")
 
 
@@ -187,18 +188,21 @@ class RecordKey(Model):
 class Record(Model):
     """How a record's value becomes fields."""
 
-    format: Literal["json", "avro"] = "json"
-    """The value's encoding: `json` (with `fields`), or `avro` (with `schema`)."""
+    format: Literal["json", "avro", "protobuf"] = "json"
+    """The value's encoding: `json` (with `fields`), `avro` or `protobuf` (with `schema`)."""
     framing: Literal["confluent", "none"] = "confluent"
-    """For `avro`: `confluent`, the Confluent wire format Kafka's Avro serializers write (magic byte 0, the
-    4-byte id of the writer schema in the Schema Registry of `connections.schema_registry`, the Avro
-    binary); `none`, plain Avro binary written with `schema` itself (no registry)."""
-    avro_schema: Annotated[dict, BeforeValidator(_avro_schema, json_schema_input_type=dict | str)] | None = Field(
-        None, alias="schema")
-    """For `avro`: the pipeline's reader view, an Avro record schema (a mapping, or its JSON text). Every
-    record is read as this whatever schema wrote it, by Avro's resolution rules (added fields take their
-    defaults, removed ones vanish); its fields are the pipeline's, named as in the schema (a nested one as
-    `address.city`), and the whole record is the column `record`."""
+    """For `avro` and `protobuf`: `confluent`, the Confluent wire format Kafka's serializers write (magic
+    byte 0, the 4-byte id of the writer schema in the Schema Registry of `connections.schema_registry`,
+    for Protobuf the message indexes, then the binary); `none`, the plain binary alone (no registry)."""
+    view_schema: dict | str | None = Field(None, alias="schema")
+    """For `avro` and `protobuf`: the pipeline's reader view. Avro: a record schema (a mapping, or its JSON
+    text); Protobuf: the text of a .proto file (with `message`). Every record is read as this whatever
+    schema wrote it (Avro's resolution rules: added fields take their defaults, removed ones vanish;
+    Protobuf's: unknown fields are skipped, missing ones read as their defaults); its fields are the
+    pipeline's, named as in the schema (a nested one as `address.city`), and the whole record is the
+    column `record`."""
+    message: str | None = None
+    """For `protobuf`: the full name of the message records are (default: the first message of `schema`)."""
     key: RecordKey | None = None
     """Decode the record's key too (an Avro key); a key that cannot be decoded makes the record invalid."""
     envelope: Literal[tuple(ENVELOPE_COLUMNS)] | None = None  # type: ignore[valid-type]
@@ -214,37 +218,56 @@ class Record(Model):
         if self.format == "json":
             if self.fields is None:
                 raise ValueError("format json needs `fields` (each field the pipeline uses, with its type)")
-            if self.avro_schema is not None or "framing" in self.model_fields_set or self.key is not None:
-                raise ValueError("`schema`, `framing` and `key` are for format avro")
-        else:
-            if self.avro_schema is None:
-                raise ValueError("format avro needs `schema` (the Avro record schema records are read as)")
-            if self.fields is not None:
-                raise ValueError("format avro takes its fields from `schema`: leave `fields` out")
-            if self.envelope == "debezium":
-                kinds = {name: t for name, t in self.view.type.members}
-                after = kinds.get("after")
-                if after is None or not after.members or "op" not in kinds or "before" not in kinds:
-                    raise ValueError("a debezium envelope's schema needs `before` and `after` records and `op`")
+            given = ([k for k in ("framing", "key", "message") if k in self.model_fields_set]
+                     + (["schema"] if self.view_schema is not None else []))
+            if given:
+                raise ValueError(f"{given} are for the binary formats (avro, protobuf)")
+            return self._not_clashing()
+        if self.view_schema is None:
+            raise ValueError(f"format {self.format} needs `schema` (what records are read as)")
+        if self.fields is not None:
+            raise ValueError(f"format {self.format} takes its fields from `schema`: leave `fields` out")
+        if self.message is not None and self.format != "protobuf":
+            raise ValueError("`message` is for format protobuf")
+        try:
+            members = dict(self.view.type.members)
+        except (avro.SchemaProblem, protobuf.ProtoProblem) as exc:
+            raise ValueError(f"schema: not a usable {self.format} schema: {exc}") from None
+        if self.envelope == "debezium":
+            after = members.get("after")
+            if after is None or not after.members or "op" not in members or "before" not in members:
+                raise ValueError("a debezium envelope's schema needs `before` and `after` records and `op`")
+        return self._not_clashing()
+
+    def _not_clashing(self) -> Record:
         clash = sorted(set(self.field_types) & set(ENVELOPE_COLUMNS.get(self.envelope, ())))
         if clash:
             raise ValueError(f"field name(s) {clash} clash with the {self.envelope} envelope's columns")
         return self
 
     @cached_property
-    def view(self) -> avro.ReaderView:
-        """The Avro reader view (format avro)."""
-        return avro.ReaderView(self.avro_schema)
+    def view(self) -> avro.ReaderView | protobuf.ProtoView:
+        """The reader view of a binary format."""
+        if self.format == "avro":
+            return avro.ReaderView(avro.load_schema(self.view_schema))
+        if not isinstance(self.view_schema, str):
+            raise protobuf.ProtoProblem("give the text of a .proto file")
+        return protobuf.ProtoView(self.descriptor_set, self.message or protobuf.first_message(self.descriptor_set))
+
+    @cached_property
+    def descriptor_set(self) -> bytes:
+        """The Protobuf view compiled (a serialized FileDescriptorSet): what executors get."""
+        return protobuf.compile_proto(self.view_schema)
 
     @property
     def uses_registry(self) -> bool:
-        return ((self.format == "avro" and self.framing == "confluent")
+        return ((self.format != "json" and self.framing == "confluent")
                 or (self.key is not None and self.key.framing == "confluent"))
 
     @cached_property
     def field_types(self) -> dict[str, str]:
-        """The fields that become columns, with their Spark types. An Avro field named as a record column
-        (or `record`, `value`) is not one: `record.<name>` reaches it."""
+        """The fields that become columns, with their Spark types. A field of a binary format named as a
+        record column (or `record`, `value`) is not one: `record.<name>` reaches it."""
         if self.format == "json":
             return dict(self.fields)
         members = self.view.type.members

@@ -18,15 +18,24 @@ from __future__ import annotations
 import copy
 import io
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from fastavro import parse_schema, schemaless_reader
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import to_parsing_canonical_form
+
+from kafka_batch.formats.columns import (
+    ColumnType,
+    decoded_column,
+    error_column,
+    in_list,
+    scaled,
+    schema_id_column,
+    struct_of,
+    values_to_arrow,
+)
 
 PRIMITIVES = {
     "boolean": (pa.bool_(), "boolean"), "int": (pa.int32(), "int"), "long": (pa.int64(), "bigint"),
@@ -49,28 +58,9 @@ class SchemaProblem(ValueError):
     """A reader view that is not a valid Avro record schema this project can map."""
 
 
-@dataclass(frozen=True)
-class AvroType:
-    """One Avro type of the view: the Arrow type it decodes into, the Arrow type and Spark type it
-    ends as, how a decoded Python value becomes what Arrow takes (None: as it is), and the
-    per-column conversion after (None: none)."""
-
-    decoded: pa.DataType
-    arrow: pa.DataType
-    spark: str
-    nullable: bool = False
-    adapt: Callable[[Any], Any] | None = None
-    convert: Callable[[pa.Array], pa.Array] | None = None
-    members: tuple[tuple[str, AvroType], ...] = ()  # a record's fields
-
-
 def _named(schema: Any, namespace: str | None) -> str:
     name = schema["name"]
     return name if "." in name or not namespace else f"{namespace}.{name}"
-
-
-def _backquoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class _Mapper:
@@ -80,14 +70,14 @@ class _Mapper:
         self.named: dict[str, Any] = {}
         self.active: set[str] = set()
 
-    def map(self, schema: Any, namespace: str | None = None) -> AvroType:
+    def map(self, schema: Any, namespace: str | None = None) -> ColumnType:
         if isinstance(schema, list):
             return self._union(schema, namespace)
         if isinstance(schema, str):
             if schema in PRIMITIVES:
-                return AvroType(PRIMITIVES[schema][0], PRIMITIVES[schema][0], PRIMITIVES[schema][1])
+                return ColumnType(PRIMITIVES[schema][0], PRIMITIVES[schema][0], PRIMITIVES[schema][1])
             if schema == "null":
-                return AvroType(pa.null(), pa.null(), "void", nullable=True)
+                return ColumnType(pa.null(), pa.null(), "void", nullable=True)
             full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
             target = self.named.get(full) or self.named.get(schema)
             if target is None:
@@ -97,7 +87,7 @@ class _Mapper:
         logical = schema.get("logicalType")
         if logical in NUMERIC_LOGICAL and kind in ("int", "long"):
             decoded, arrow, spark, factor = NUMERIC_LOGICAL[logical]
-            return AvroType(decoded, arrow, spark, convert=_scaled(arrow, factor))
+            return ColumnType(decoded, arrow, spark, convert=scaled(arrow, factor))
         if logical == "decimal" and kind in ("bytes", "fixed"):
             precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
             if precision > 38:
@@ -105,26 +95,26 @@ class _Mapper:
             if kind == "fixed":
                 self._define(schema, namespace)
             arrow = pa.decimal128(precision, scale)
-            return AvroType(arrow, arrow, f"decimal({precision},{scale})")
+            return ColumnType(arrow, arrow, f"decimal({precision},{scale})")
         if kind in PRIMITIVES or kind == "null":
             return self.map(kind, namespace)
         if kind == "enum":
             self._define(schema, namespace)
-            return AvroType(pa.string(), pa.string(), "string")
+            return ColumnType(pa.string(), pa.string(), "string")
         if kind == "fixed":
             self._define(schema, namespace)
-            return AvroType(pa.binary(), pa.binary(), "binary")
+            return ColumnType(pa.binary(), pa.binary(), "binary")
         if kind == "array":
             item = self.map(schema["items"], namespace)
             adapt = None if item.adapt is None else (lambda values, a=item.adapt: None if values is None else
                                                      [a(v) for v in values])
-            return AvroType(pa.list_(item.decoded), pa.list_(item.arrow), f"array<{item.spark}>", adapt=adapt,
-                            convert=None if item.convert is None else _in_list(item.convert))
+            return ColumnType(pa.list_(item.decoded), pa.list_(item.arrow), f"array<{item.spark}>", adapt=adapt,
+                            convert=None if item.convert is None else in_list(item.convert))
         if kind == "map":
             value = self.map(schema["values"], namespace)
             if value.adapt is not None or value.convert is not None:
                 raise SchemaProblem("a map of values with logical types or unions of several types is not supported")
-            return AvroType(pa.map_(pa.string(), value.decoded), pa.map_(pa.string(), value.arrow),
+            return ColumnType(pa.map_(pa.string(), value.decoded), pa.map_(pa.string(), value.arrow),
                             f"map<string,{value.spark}>")
         if kind in ("record", "error"):
             return self._record(schema, namespace)
@@ -136,7 +126,7 @@ class _Mapper:
         self.named.setdefault(schema["name"], schema)
         return full
 
-    def _record(self, schema: Any, namespace: str | None) -> AvroType:
+    def _record(self, schema: Any, namespace: str | None) -> ColumnType:
         full = self._define(schema, namespace)
         if full in self.active:
             raise SchemaProblem(f"record {full} contains itself: Spark has no recursive types")
@@ -144,28 +134,14 @@ class _Mapper:
         inner = full.rpartition(".")[0] or None
         fields = [(f["name"], self.map(f["type"], inner)) for f in schema["fields"]]
         self.active.discard(full)
-        decoded = pa.struct([pa.field(n, t.decoded) for n, t in fields])
-        arrow = pa.struct([pa.field(n, t.arrow) for n, t in fields])
-        spark = "struct<" + ",".join(f"{_backquoted(n)}:{t.spark}" for n, t in fields) + ">"
-        adapters = [(n, t.adapt) for n, t in fields if t.adapt is not None]
-        adapt = None
-        if adapters:
-            def adapt(record, adapters=adapters):
-                if record is None:
-                    return None
-                for name, one in adapters:
-                    record[name] = one(record[name])
-                return record
-        converts = [t.convert for _, t in fields]
-        convert = None if not any(converts) else _in_struct(arrow, converts)
-        return AvroType(decoded, arrow, spark, adapt=adapt, convert=convert, members=tuple(fields))
+        return struct_of(fields)
 
-    def _union(self, branches: list, namespace: str | None) -> AvroType:
+    def _union(self, branches: list, namespace: str | None) -> ColumnType:
         others = [b for b in branches if b != "null"]
         nullable = len(others) < len(branches)
         if len(others) == 1:
             one = self.map(others[0], namespace)
-            return AvroType(one.decoded, one.arrow, one.spark, nullable, one.adapt, one.convert, one.members)
+            return ColumnType(one.decoded, one.arrow, one.spark, nullable, one.adapt, one.convert, one.members)
         mapped = [self.map(b, namespace) for b in others]
         if any(m.adapt is not None or m.convert is not None for m in mapped):
             raise SchemaProblem("a union of several types with logical types or nested unions is not supported")
@@ -180,7 +156,7 @@ class _Mapper:
             return {names[member]: value}
 
         spark = "struct<" + ",".join(f"{n}:{m.spark}" for n, m in zip(names, mapped, strict=True)) + ">"
-        return AvroType(arrow, arrow, spark, nullable, adapt=adapt)
+        return ColumnType(arrow, arrow, spark, nullable, adapt=adapt)
 
 
 def _python_kinds(branch: Any, mapper: _Mapper) -> tuple[type, ...]:
@@ -191,28 +167,6 @@ def _python_kinds(branch: Any, mapper: _Mapper) -> tuple[type, ...]:
     return {"boolean": (bool,), "int": (int,), "long": (int,), "float": (float,), "double": (float,),
             "bytes": (bytes,), "fixed": (bytes,), "string": (str,), "enum": (str,), "record": (dict,),
             "map": (dict,), "array": (list,)}[kind]
-
-
-def _scaled(arrow: pa.DataType, factor: int) -> Callable[[pa.Array], pa.Array]:
-    def convert(numbers: pa.Array) -> pa.Array:
-        if factor != 1:
-            numbers = pc.multiply(numbers, factor)
-        return numbers.cast(arrow)
-    return convert
-
-
-def _in_list(convert: Callable[[pa.Array], pa.Array]) -> Callable[[pa.Array], pa.Array]:
-    def converted(array: pa.Array) -> pa.Array:
-        values = convert(array.values)
-        return pa.ListArray.from_arrays(array.offsets, values, mask=array.is_null())
-    return converted
-
-
-def _in_struct(arrow: pa.StructType, converts: list) -> Callable[[pa.Array], pa.Array]:
-    def converted(array: pa.StructArray) -> pa.StructArray:
-        children = [array.field(i) if c is None else c(array.field(i)) for i, c in enumerate(converts)]
-        return pa.StructArray.from_arrays(children, fields=list(arrow), mask=array.is_null())
-    return converted
 
 
 def _physical(schema: Any) -> Any:
@@ -264,15 +218,12 @@ class ReaderView:
         """Each top-level field with its Spark type."""
         return {name: t.spark for name, t in self.type.members}
 
-    def member(self, name: str) -> AvroType | None:
+    def member(self, name: str) -> ColumnType | None:
         return dict(self.type.members).get(name)
 
-    def records_to_arrow(self, records: Sequence[dict | None]) -> pa.StructArray:
-        """Decoded records (None: no record) as one struct column of the view's final types."""
-        if self.type.adapt is not None:
-            records = [self.type.adapt(r) for r in records]
-        array = pa.array(records, self.type.decoded) if records else pa.array([], self.type.decoded)
-        return self.type.convert(array) if self.type.convert is not None else array
+    def records_to_arrow(self, records: Sequence[dict | None]) -> pa.Array:
+        """Decoded records (None: no record) as one column of the view's final types."""
+        return values_to_arrow(self.type, records)
 
 
 def decode(payload: bytes, start: int, writer: Any, reader: Any) -> dict:
@@ -297,16 +248,6 @@ def _parse_writer(text: str, references: dict[str, str]) -> tuple[Any, str]:
     return parsed, to_parsing_canonical_form(parsed)
 
 
-def decoded_column(side: str) -> str:
-    """The reader's column of the decoded value (`side` "value") or key ("key")."""
-    return f"_{side}_decoded"
-
-
-def error_column(side: str) -> str:
-    """The reader's column of why a value or key could not be decoded (null when it could)."""
-    return f"_{side}_decode_error"
-
-
 class AvroColumn:
     """Avro bytes of one side of a record (its value or its key) decoded: as the view (`<side>`), or why
     not (`<side>_decode_error`), and the id of the schema that wrote it (`<side>_schema_id`, Confluent
@@ -317,7 +258,7 @@ class AvroColumn:
         self.schema = schema
         self.registry = registry
         self.side = side
-        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), f"_{side}_schema_id"
+        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), schema_id_column(side)
         self._view: ReaderView | None = None
 
     @property
@@ -341,7 +282,9 @@ class AvroColumn:
         records: list[Any] = [None] * n
         errors: list[str | None] = [None] * n
         ids: list[int | None] = [None] * n
-        unknown: dict[int, str] = {}  # ids this call found bad: asked once
+        # Per schema id in this chunk: (writer, reader: None when the writer is the view) or why not.
+        schemas: dict[int, tuple[Any, Any] | str] = {}
+        header = registry.HEADER_BYTES
         for i, payload in enumerate(payloads):
             if payload is None:
                 continue
@@ -351,42 +294,28 @@ class AvroColumn:
                 except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds on bad bytes
                     errors[i] = f"undecodable Avro {self.side} ({_reason(exc)})"
                 continue
-            problem = registry.header_problem(payload)
-            if problem is not None:
-                errors[i] = f"{self.side} {problem}"
+            if len(payload) < header or payload[0] != registry.MAGIC:
+                errors[i] = f"{self.side} {registry.header_problem(payload)}"
                 continue
             ident = ids[i] = registry.schema_id(payload)
-            if ident in unknown:
-                errors[i] = unknown[ident]
+            found = schemas.get(ident)
+            if found is None:
+                try:
+                    writer, canonical = registry.fetch(self.registry, ident, "AVRO", _parse_writer)
+                    found = schemas[ident] = (writer, None if canonical == view.canonical else view.parsed)
+                except registry.UnknownSchema as exc:
+                    found = schemas[ident] = f"{self.side}: {exc}"
+            if isinstance(found, str):
+                errors[i] = found
                 continue
             try:
-                writer, canonical = registry.fetch(self.registry, ident, "AVRO", _parse_writer)
-            except registry.UnknownSchema as exc:
-                errors[i] = unknown[ident] = f"{self.side}: {exc}"
-                continue
-            try:
-                reader = None if canonical == view.canonical else view.parsed
-                records[i] = decode(payload, registry.HEADER_BYTES, writer, reader)
+                records[i] = decode(payload, header, *found)
             except SchemaResolutionError as exc:  # names the field the writer schema cannot give
                 errors[i] = (f"{self.side}: schema id {ident} cannot be read as the pipeline's schema:"
                              f" {' '.join(str(exc).split())}")
             except Exception as exc:  # noqa: BLE001 - as above
                 errors[i] = f"{self.side}: schema id {ident}: undecodable Avro payload ({_reason(exc)})"
         return [view.records_to_arrow(records), pa.array(errors, pa.string()), pa.array(ids, pa.int32())]
-
-
-class AvroValues:
-    """The reader's decoder of an Avro pipeline (see kafka_batch.spark.reader): its values, and its keys
-    when the pipeline decodes them too."""
-
-    def __init__(self, value: AvroColumn, key: AvroColumn | None = None):
-        self.value, self.key = value, key
-
-    def columns(self) -> list[tuple[str, pa.DataType, str]]:
-        return self.value.columns() + (self.key.columns() if self.key is not None else [])
-
-    def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array]:
-        return self.value.decode(values) + (self.key.decode(keys) if self.key is not None else [])
 
 
 def _reason(exc: Exception) -> str:

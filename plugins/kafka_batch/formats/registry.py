@@ -72,7 +72,8 @@ def fetch(config: dict, ident: int, kind: str, parse) -> Any:
         return found
     registry = client(config)
     try:
-        schema = registry.get_schema(ident)
+        # Protobuf: the serialized form (a FileDescriptorProto), as Confluent's registry gives it on request.
+        schema = registry.get_schema(ident, fmt="serialized" if kind == "PROTOBUF" else None)
         if (schema.schema_type or "AVRO") != kind:
             raise UnknownSchema(f"schema id {ident} is a {schema.schema_type} schema, not {kind}")
         references = {ref.name: registry.get_version(ref.subject, ref.version).schema.schema_str

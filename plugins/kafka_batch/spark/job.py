@@ -28,8 +28,11 @@ from kafka_batch.errors import (
     raised_in_task,
     without_sqlstate,
 )
+from kafka_batch.formats import avro
 from kafka_batch.formats import registry as schema_registry
-from kafka_batch.formats.avro import AvroColumn, AvroValues
+from kafka_batch.formats.avro import AvroColumn
+from kafka_batch.formats.columns import Decoded
+from kafka_batch.formats.protobuf import ProtobufColumn
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.sinks.base import StageContext
@@ -304,15 +307,19 @@ def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
     """The reader's decoder of the pipeline's values (None: Spark's from_json parses them all). A
     registry that refuses the credentials fails the batch here, before any task reads."""
     record = pipeline.record
-    if record.format == "avro":
+    if record.format != "json":
         registry = None
         if record.uses_registry:
             registry = registry_config(pipeline)
             schema_registry.check(registry)
+        framed = registry if record.framing == "confluent" else None
+        if record.format == "avro":
+            value = AvroColumn(avro.load_schema(record.view_schema), framed)
+        else:
+            value = ProtobufColumn(record.descriptor_set, record.view.message, framed)
         key = record.key
-        return AvroValues(
-            AvroColumn(record.avro_schema, registry if record.framing == "confluent" else None),
-            None if key is None else AvroColumn(key.avro_schema, registry if key.framing == "confluent" else None, "key"))
+        return Decoded(value, None if key is None else AvroColumn(
+            key.avro_schema, registry if key.framing == "confluent" else None, "key"))
     plain = record.envelope is None  # an envelope's fields sit inside it: from_json parses those
     return JsonFields(pipeline.fields) if plain and parses_in_reader(pipeline.fields) else None
 

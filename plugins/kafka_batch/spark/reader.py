@@ -7,7 +7,7 @@ rows are shipped through Python); each executor task reads its ranges with
 `kafka_source.read_partitions` and yields Arrow record batches, so a range is streamed, never held
 in memory whole. Only the record columns the pipeline uses are built, and the values are decoded
 here by the pipeline's decoder: `json_fields.JsonFields` parses a JSON pipeline's fields when pyarrow
-can, `formats.avro.AvroValues` decodes Avro. A decoder gives `columns()` (name, Arrow type, Spark type)
+can, `formats.columns.Decoded` decodes Avro and Protobuf. A decoder gives `columns()` (name, Arrow type, Spark type)
 and `decode(values, keys)`, those columns for a chunk of records. Code here runs on executors.
 """
 

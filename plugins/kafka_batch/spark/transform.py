@@ -4,12 +4,12 @@ Every sink computes from this one DataFrame. Tombstones (null values) stay, flag
 sinks can count them; `_deleted` flags the records that say their key is gone (a tombstone, or an
 envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record
 the pipeline cannot process (a value over `max_value_bytes`, not a JSON object with the declared
-fields, an Avro value its reader could not decode, not an event of its envelope, or a null where a
+fields, an Avro or Protobuf value its reader could not decode, not an event of its envelope, or a null where a
 sink needs a key) gets its reason in
 `_invalid`; sinks skip it and count it, and the job quarantines it. Under `on_invalid_record: fail`
 such a record stops the batch instead, with raise_error naming its topic, partition and offset.
-Avro values are decoded by the reader (`formats.avro`): their fields are the top-level fields of
-the record (`record` is the whole of it). JSON: the reader may have parsed the fields already
+Avro and Protobuf values are decoded by the reader (`formats`): their fields are the top-level fields
+of the record (`record` is the whole of it). JSON: the reader may have parsed the fields already
 (`json_fields`, pyarrow, where it gives what from_json gives); from_json then parses only the records
 it left. Pure DataFrame -> DataFrame: tested on a local session.
 """
@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import INVALID_RECORD
-from kafka_batch.formats.avro import decoded_column, error_column
+from kafka_batch.formats.columns import decoded_column, error_column
 from kafka_batch.spark.envelope import Unwrapped, value_schema
 from kafka_batch.spark.json_fields import PARSED, field_column
 
@@ -73,7 +73,7 @@ def _names_where(conditions: dict[str, Column]) -> Column:
 
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     envelope = pipeline.record.envelope
-    if pipeline.record.format == "avro":  # decoded by the reader (formats.avro.AvroValues)
+    if pipeline.record.format != "json":  # decoded by the reader (formats.avro, formats.protobuf)
         parsed = records
         value = Unwrapped(F.col(decoded_column("value")), envelope, tuple(pipeline.record.view.fields))
         fields = [value.field(name).alias(name) for name in pipeline.fields] + [value.row.alias("record")]
@@ -99,7 +99,7 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
 
 def _decode_errors(pipeline: Pipeline) -> list[str]:
     """The reader's columns of why a value (or key) could not be decoded."""
-    if pipeline.record.format != "avro":
+    if pipeline.record.format == "json":
         return []
     return [error_column("value")] + ([error_column("key")] if pipeline.record.key is not None else [])
 
