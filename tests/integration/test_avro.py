@@ -168,6 +168,15 @@ def test_interleaved_schema_versions_nested_unions_logical_types_and_keys_match_
         ids.setdefault(partition, set()).add(struct.unpack(">I", value[1:5])[0])
     assert [len(found) for found in ids.values()] == [3, 3, 3]
     assert len({v[0] for v in expected.values()}) == 1000  # every key decoded, each once
+    # The ledger says which schemas wrote each committed range, as the topic holds them.
+    held: dict[tuple[int, int], set[int]] = {}
+    for partition, offset, _, value, _ in committed_records(topic):
+        held.setdefault((partition, offset), set()).add(struct.unpack(">I", value[1:5])[0])
+    ledger = query("SELECT partition, from_offset, until_offset, schema_ids FROM kafka_batch.ledger"
+                   " WHERE pipeline = %s", pipeline.name)
+    assert len(ledger) == 6
+    for partition, lo, hi, schema_ids in ledger:
+        assert schema_ids == sorted(set().union(*(held[(partition, o)] for o in range(lo, hi))))
     assert {row[6] for row in got.values()} >= {None, "a", "b"} and any(r[6] and r[6].isdigit() for r in got.values())
     assert {row[4] for row in got.values()} == {None, "Oslo", "Lima"} and {row[8] for row in got.values()} == {
         "WEB", "SHOP"}
@@ -332,3 +341,66 @@ def test_a_replay_after_a_schema_change_reads_with_the_new_view_and_swaps_exactl
             "--from-time", "2000-01-01T00:00:00Z", "--until-time", "2100-01-01T00:00:00Z")
     assert contents(pipeline) == truth(topic)
     assert positions(pipeline.name) == committed
+
+
+# Debezium's Postgres connector with the Avro converter: the row schema inside the envelope's.
+ROW = {"type": "record", "name": "Value", "namespace": "shop.public.customers", "fields": [
+    {"name": "customer_id", "type": "string"}, {"name": "name", "type": ["null", "string"], "default": None},
+    {"name": "balance", "type": ["null", "long"], "default": None}]}
+ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.public.customers", "fields": [
+    {"name": "before", "type": ["null", ROW], "default": None},
+    {"name": "after", "type": ["null", "Value"], "default": None},
+    {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+                                "fields": [{"name": "connector", "type": "string"}, {"name": "lsn", "type": ["null", "long"],
+                                                                                      "default": None}]}},
+    {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+
+
+def test_a_debezium_envelope_inside_avro_mirrors_the_source_table(services):
+    """Change events as Avro (the envelope's schema around the row's), keyed by an Avro key, into the upsert
+    sink ordered by the source's LSN: the mirror equals the source table the events describe."""
+    name = f"avro_cdc_{uuid.uuid4().hex[:8]}"
+    definition = {
+        "name": name, "topics": [f"{name}_topic"], "schedule": None,
+        "connections": {"spark": os.environ["KAFKA_BATCH_TEST_SPARK_CONN"]},
+        "record": {"format": "avro", "schema": ENVELOPE, "envelope": "debezium",
+                   "key": {"schema": {"type": "record", "name": "Key", "fields": [
+                       {"name": "customer_id", "type": "string"}]}}},
+        "sinks": {"upsert": {"table": name, "key": {"customer_id": "record_key.customer_id"},
+                             "columns": {"name": "name", "balance": {"expr": "balance", "type": "bigint"}},
+                             "version": "source.lsn"}},
+    }
+    (Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{name}.yaml").write_text(yaml.safe_dump(definition))
+    topic = f"{name}_topic"
+    create_topic(topic, 2)
+    client = registry_client()
+    values = AvroSerializer(client, json.dumps(ENVELOPE))
+    keys = AvroSerializer(client, json.dumps(definition["record"]["key"]["schema"]))
+    rng = random.Random(11)
+    table: dict[str, dict] = {}
+    events = []
+    for lsn in range(1000, 1400):  # the source table changes; each change is one event
+        key = f"c{rng.randrange(40):02d}"
+        before = table.get(key)
+        if before is not None and rng.random() < 0.2:
+            op, after = "d", None
+            del table[key]
+        else:
+            op, after = ("u" if before else "c"), {"customer_id": key, "name": rng.choice(["Ada", "Alan"]),
+                                                    "balance": rng.randrange(1000)}
+            table[key] = after
+        events.append((key, {"before": before if op != "c" else None, "after": after,
+                             "source": {"connector": "postgresql", "lsn": lsn}, "op": op, "ts_ms": lsn}))
+    # Delivered out of order across the two partitions' batches: the LSN decides, not the offset.
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    for half in (events[1::2], events[0::2]):
+        for key, event in half:
+            producer.produce(topic, partition=hash(key) % 2,
+                             key=keys({"customer_id": key}, SerializationContext(topic, MessageField.KEY)),
+                             value=values(event, SerializationContext(topic, MessageField.VALUE)))
+        assert producer.flush(10) == 0
+        run_cli("run", "--pipeline", name)
+    mirrored = {k: (n, b) for k, n, b in query(f"SELECT customer_id, name, balance FROM {name}")}
+    assert mirrored == {k: (r["name"], r["balance"]) for k, r in table.items()}
+    assert query("SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %s", name) == [(0,)]

@@ -9,7 +9,7 @@ through their interface: this module knows no particular output.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -84,8 +84,10 @@ def _check_outputs(pipeline: Pipeline, outputs: Mapping[str, SinkOutput]) -> Non
 def commit_batch(
     conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
     read_tasks: int | None = None, quarantined: pa.Table | None = None,
+    schema_ids: Mapping[int, Sequence[int]] | None = None,
 ) -> CommitResult:
-    """Commit one attempt of a batch (with the records it quarantined). Committed already: a no-op success."""
+    """Commit one attempt of a batch (with the records it quarantined, and per range the ids of the
+    schemas that wrote its records). Committed already: a no-op success."""
     _check_outputs(pipeline, outputs)
     with transaction(conn) as cur:
         batch = attempts.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
@@ -100,6 +102,7 @@ def commit_batch(
         if quarantined is not None:
             quarantine.keep(cur, pipeline.name, batch_id, quarantined)
         ledger.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
+        ledger.record_schema_ids(cur, schema_ids or {})
         data_loss.record_data_loss(cur, pipeline.name, batch_id)
         batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
         fold_beyond_horizon(cur, pipeline)

@@ -117,7 +117,7 @@ def ledger(conn, pipeline_name: str, topic: str, partition: int, limit: int = 10
         return _rows(cur, """
             SELECT range_id, from_offset, until_offset, lost_until, records_read, records_tombstone, batch_id, kind,
                    dag_id, run_id, try_number, committed_at, definition_hash, replaces_range_id, retired_at,
-                   retired_by, CASE WHEN retired_at IS NULL THEN 'live' ELSE 'retired' END AS state
+                   retired_by, schema_ids, CASE WHEN retired_at IS NULL THEN 'live' ELSE 'retired' END AS state
             FROM kafka_batch.ledger WHERE pipeline = %s AND topic = %s AND partition = %s
             ORDER BY from_offset DESC, range_id DESC LIMIT %s""", (pipeline_name, topic, partition, limit))
 

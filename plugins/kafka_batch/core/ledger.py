@@ -7,6 +7,7 @@ range can no longer be removed on its own.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from kafka_batch.core.batches import _RANGE_COLUMNS
@@ -89,4 +90,16 @@ def record_range_counts(cur, counts: dict) -> None:
         " records_invalid = c.invalid FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::bigint[]) AS records,"
         " unnest(%s::bigint[]) AS tombstones, unnest(%s::bigint[]) AS invalid) c WHERE b.id = c.id",
         (ids, [counts[i].records for i in ids], [counts[i].tombstones for i in ids], [counts[i].invalid for i in ids]),
+    )
+
+
+def record_schema_ids(cur, schema_ids: Mapping[int, Sequence[int]]) -> None:
+    """Per range id, the Schema Registry ids of the schemas that wrote its records; one statement."""
+    if not schema_ids:
+        return
+    ids = list(schema_ids)
+    cur.execute(
+        "UPDATE kafka_batch.batch_ranges b SET schema_ids = c.ids FROM (SELECT unnest(%s::bigint[]) AS id,"
+        " unnest(%s::text[])::integer[] AS ids) c WHERE b.id = c.id",
+        (ids, ["{" + ",".join(map(str, sorted(schema_ids[i]))) + "}" for i in ids]),
     )

@@ -31,7 +31,7 @@ from kafka_batch.errors import (
 from kafka_batch.formats import avro
 from kafka_batch.formats import registry as schema_registry
 from kafka_batch.formats.avro import AvroColumn
-from kafka_batch.formats.columns import Decoded
+from kafka_batch.formats.columns import Decoded, schema_id_column
 from kafka_batch.formats.protobuf import ProtobufColumn
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
@@ -222,7 +222,8 @@ def run_batch(
              batch.span, batch.definition_hash[:12])
     try:
         decoder = _decoder(pipeline, registry_config)
-        outputs, read_tasks, quarantined = _compute(spark, pipeline, postgres, kafka, decoder, batch, attempt)
+        outputs, read_tasks, quarantined, schema_ids = _compute(spark, pipeline, postgres, kafka, decoder, batch,
+                                                                attempt)
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         timings.mark("commit_start")
         conn = database.connect(postgres)
@@ -231,7 +232,7 @@ def run_batch(
                 result = preview_replay(conn, pipeline, batch_id, attempt, outputs, read_tasks)
                 log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
                 return result
-            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined)
+            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined, schema_ids)
         finally:
             conn.close()
         timings.mark("commit_done")
@@ -259,8 +260,9 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
-    records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators,
-                                        decoder), pipeline)
+    read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder)
+    read, schemas = _observe_schema_ids(read, pipeline)
+    records = parse_records(read, pipeline)
     if len(pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
@@ -292,7 +294,30 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             spark.removeTag(batch_tag(batch.id))
             records.unpersist()
             progress.close()
-    return outputs, read_tasks, quarantined
+    return outputs, read_tasks, quarantined, _schema_ids(schemas)
+
+
+def _observe_schema_ids(read, pipeline: Pipeline):
+    """The read records, observed for the (range, schema id) pairs they hold when their values carry a
+    Schema Registry id: Spark adds them up as the sinks' first action runs, no second pass."""
+    if pipeline.record.format == "json" or pipeline.record.framing != "confluent":
+        return read, None
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation("schema_ids")
+    pairs = F.collect_set(F.struct("range_id", F.col(schema_id_column("value")).alias("schema_id")))
+    return read.observe(observation, pairs.alias("pairs")), observation
+
+
+def _schema_ids(observation) -> dict[int, list[int]]:
+    if observation is None:
+        return {}
+    found: dict[int, set[int]] = {}
+    for pair in observation.get.get("pairs") or ():
+        if pair["schema_id"] is not None:
+            found.setdefault(pair["range_id"], set()).add(pair["schema_id"])
+    return {range_id: sorted(ids) for range_id, ids in found.items()}
 
 
 def _columns(pipeline: Pipeline) -> tuple[str, ...]:

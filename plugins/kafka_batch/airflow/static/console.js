@@ -128,7 +128,8 @@ async function showLedger(name, value) {
     + encodeURIComponent(topic) + "&partition=" + partition);
   if (data.error) $("#detail-error").textContent = data.error;
   fill($("#ledger tbody"), data.ranges.map((r) => el("tr", {class: r.state, "data-range-id": r.range_id},
-    cell(r.state), numCell(r.from_offset), numCell(r.until_offset), numCell(r.records_read), numCell(r.batch_id),
+    cell(r.state), numCell(r.from_offset), numCell(r.until_offset), numCell(r.records_read),
+    cell(r.schema_ids ? r.schema_ids.join(", ") : null), numCell(r.batch_id),
     cell(r.kind), el("td", {}, when(r.committed_at)),
     cell(r.retired_at ? r.retired_by + " (" + age(r.retired_at) + ")" : null),
     el("td", {},
