@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -161,50 +161,80 @@ def _plain_field_name(name: str) -> str:
     return name
 
 
-def _avro_schema(value: Any, record: bool = True) -> Any:
-    try:
-        return avro.load_schema(value, record)
-    except avro.SchemaProblem as exc:
-        raise PydanticCustomError("avro_schema", "not a usable Avro schema: {why}", {"why": str(exc)}) from None
+class BinaryView(Model):
+    """A reader view of a binary format: what a record's key (or value) is read as."""
 
-
-class RecordKey(Model):
-    """How a record's key is decoded: into the column `record_key` (a struct for a record schema, so
-    `record_key.id` reaches a field), next to the raw `key`."""
-
-    format: Literal["avro"] = "avro"
-    """The key's encoding."""
+    format: Literal["avro", "protobuf"] = "avro"
+    """The encoding: `avro` or `protobuf`."""
     framing: Literal["confluent", "none"] = "confluent"
-    """As the value's: the Confluent wire format (the registry of `connections.schema_registry`), or none."""
-    avro_schema: Annotated[Any, BeforeValidator(lambda v: _avro_schema(v, record=False),
-                                                json_schema_input_type=dict | str)] = Field(alias="schema")
-    """The key's reader view: any Avro schema (a record, `string`, `long`, ...)."""
-
-    @cached_property
-    def view(self) -> avro.ReaderView:
-        return avro.ReaderView(self.avro_schema)
-
-
-class Record(Model):
-    """How a record's value becomes fields."""
-
-    format: Literal["json", "avro", "protobuf"] = "json"
-    """The value's encoding: `json` (with `fields`), `avro` or `protobuf` (with `schema`)."""
-    framing: Literal["confluent", "none"] = "confluent"
-    """For `avro` and `protobuf`: `confluent`, the Confluent wire format Kafka's serializers write (magic
-    byte 0, the 4-byte id of the writer schema in the Schema Registry of `connections.schema_registry`,
-    for Protobuf the message indexes, then the binary); `none`, the plain binary alone (no registry)."""
+    """`confluent`, the Confluent wire format Kafka's serializers write (magic byte 0, the 4-byte id of
+    the writer schema in the Schema Registry of `connections.schema_registry`, for Protobuf the message
+    indexes, then the binary); `none`, the plain binary alone (no registry)."""
     view_schema: dict | str | None = Field(None, alias="schema")
-    """For `avro` and `protobuf`: the pipeline's reader view. Avro: a record schema (a mapping, or its JSON
-    text); Protobuf: the text of a .proto file (with `message`). Every record is read as this whatever
-    schema wrote it (Avro's resolution rules: added fields take their defaults, removed ones vanish;
-    Protobuf's: unknown fields are skipped, missing ones read as their defaults); its fields are the
-    pipeline's, named as in the schema (a nested one as `address.city`), and the whole record is the
-    column `record`."""
+    """The reader view. Avro: a schema (a mapping, or its JSON text); Protobuf: the text of a .proto
+    file (with `message`). Every record is read as this whatever schema wrote it (Avro's resolution
+    rules: added fields take their defaults, removed ones vanish; Protobuf's: unknown fields are
+    skipped, missing ones read as their defaults)."""
     message: str | None = None
     """For `protobuf`: the full name of the message records are (default: the first message of `schema`)."""
+
+    # A value's Avro view must be a record (its fields are the pipeline's); a key's may be any type.
+    _records_only: ClassVar[bool] = False
+
+    def _view_members(self) -> dict:
+        """Check the view; its top-level fields (name -> type)."""
+        if self.view_schema is None:
+            raise ValueError(f"format {self.format} needs `schema` (what records are read as)")
+        if self.message is not None and self.format != "protobuf":
+            raise ValueError("`message` is for format protobuf")
+        try:
+            return dict(self.view.type.members)
+        except (avro.SchemaProblem, protobuf.ProtoProblem) as exc:
+            raise ValueError(f"schema: not a usable {self.format} schema: {exc}") from None
+
+    @model_validator(mode="after")
+    def _usable(self) -> BinaryView:
+        if self.format != "json":
+            self._view_members()
+        return self
+
+    @cached_property
+    def view(self) -> avro.ReaderView | protobuf.ProtoView:
+        """The reader view, parsed (Avro) or compiled (Protobuf)."""
+        if self.format == "avro":
+            return avro.ReaderView(avro.load_schema(self.view_schema, self._records_only))
+        if not isinstance(self.view_schema, str):
+            raise protobuf.ProtoProblem("give the text of a .proto file")
+        return protobuf.ProtoView(self.descriptor_set, self.message or protobuf.first_message(self.descriptor_set))
+
+    @cached_property
+    def descriptor_set(self) -> bytes:
+        """The Protobuf view compiled (a serialized FileDescriptorSet): what executors get."""
+        return protobuf.compile_proto(self.view_schema)
+
+    def column(self, registry: dict | None, side: str) -> avro.AvroColumn | protobuf.ProtobufColumn:
+        """The reader's decoder of this side of a record (`registry`: the client's settings)."""
+        framed = registry if self.framing == "confluent" else None
+        if self.format == "avro":
+            return avro.AvroColumn(avro.load_schema(self.view_schema, self._records_only), framed, side)
+        return protobuf.ProtobufColumn(self.descriptor_set, self.view.message, framed, side)
+
+
+class RecordKey(BinaryView):
+    """How a record's key is decoded: into the column `record_key` (a struct for a record or message, so
+    `record_key.id` reaches a field), next to the raw `key`. A key that cannot be decoded makes the
+    record invalid."""
+
+
+class Record(BinaryView):
+    """How a record's value becomes fields."""
+
+    format: Literal["json", "avro", "protobuf"] = "json"  # type: ignore[assignment]
+    """The value's encoding: `json` (with `fields`), `avro` or `protobuf` (with `schema`)."""
+    _records_only: ClassVar[bool] = True
+
     key: RecordKey | None = None
-    """Decode the record's key too (an Avro key); a key that cannot be decoded makes the record invalid."""
+    """Decode the record's key too (Avro or Protobuf), into the column `record_key`."""
     envelope: Literal[tuple(ENVELOPE_COLUMNS)] | None = None  # type: ignore[valid-type]
     """A wrapper around the fields. `debezium`: a change event; the fields come from `after` (from
     `before` for a delete), with or without the JSON converter's {schema, payload} wrapper, and `op`,
@@ -223,16 +253,9 @@ class Record(Model):
             if given:
                 raise ValueError(f"{given} are for the binary formats (avro, protobuf)")
             return self._not_clashing()
-        if self.view_schema is None:
-            raise ValueError(f"format {self.format} needs `schema` (what records are read as)")
         if self.fields is not None:
             raise ValueError(f"format {self.format} takes its fields from `schema`: leave `fields` out")
-        if self.message is not None and self.format != "protobuf":
-            raise ValueError("`message` is for format protobuf")
-        try:
-            members = dict(self.view.type.members)
-        except (avro.SchemaProblem, protobuf.ProtoProblem) as exc:
-            raise ValueError(f"schema: not a usable {self.format} schema: {exc}") from None
+        members = self._view_members()
         if self.envelope == "debezium":
             after = members.get("after")
             if after is None or not after.members or "op" not in members or "before" not in members:
@@ -244,20 +267,6 @@ class Record(Model):
         if clash:
             raise ValueError(f"field name(s) {clash} clash with the {self.envelope} envelope's columns")
         return self
-
-    @cached_property
-    def view(self) -> avro.ReaderView | protobuf.ProtoView:
-        """The reader view of a binary format."""
-        if self.format == "avro":
-            return avro.ReaderView(avro.load_schema(self.view_schema))
-        if not isinstance(self.view_schema, str):
-            raise protobuf.ProtoProblem("give the text of a .proto file")
-        return protobuf.ProtoView(self.descriptor_set, self.message or protobuf.first_message(self.descriptor_set))
-
-    @cached_property
-    def descriptor_set(self) -> bytes:
-        """The Protobuf view compiled (a serialized FileDescriptorSet): what executors get."""
-        return protobuf.compile_proto(self.view_schema)
 
     @property
     def uses_registry(self) -> bool:

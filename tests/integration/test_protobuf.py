@@ -45,7 +45,9 @@ V3 = HEAD + ("message Order { reserved 5; int64 id = 1; string customer = 2; goo
              " Address address = 4; repeated string tags = 6; Status status = 7; map<string, int64> counts = 8;"
              " optional int64 cents = 9; }\nenum Status { NEW = 0; PAID = 1; SHIPPED = 2; }\n") + ADDRESS
 VIEW = V3
-COLUMNS = {"order_id": {"expr": "id", "type": "bigint"}, "customer": "customer",
+KEY = 'syntax = "proto3";\npackage shop;\nmessage OrderKey { int64 id = 1; }\n'
+COLUMNS = {"order_id": {"expr": "id", "type": "bigint"}, "key_id": {"expr": "record_key.id", "type": "bigint"},
+           "customer": "customer",
            "at": {"expr": "at", "type": "timestamptz"}, "city": "address.city", "zip": "address.zip",
            "tags": "array_join(tags, ',')", "status": "status", "counts": "CAST(counts['a'] AS STRING)",
            "cents": {"expr": "cents", "type": "bigint"}}
@@ -71,7 +73,8 @@ def protobuf_pipeline(prefix: str, partitions: int = 3, **more):
     definition = {
         "name": name, "topics": [f"{name}_topic"], "schedule": None,
         "connections": {"spark": os.environ["KAFKA_BATCH_TEST_SPARK_CONN"]},
-        "record": {"format": "protobuf", "schema": VIEW, "message": "shop.Order"},
+        "record": {"format": "protobuf", "schema": VIEW, "message": "shop.Order",
+                   "key": {"format": "protobuf", "schema": KEY}},
         "sinks": {"rows": {"table": name, "columns": COLUMNS}}, **more,
     }
     (Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{name}.yaml").write_text(yaml.safe_dump(definition))
@@ -103,6 +106,8 @@ def produce_orders(topic: str, count: int, seed: int = 0) -> None:
     client = registry_client()
     classes = {v: message_class(text) for v, text in ((1, V1), (2, V2), (3, V3))}
     serializers = {v: ProtobufSerializer(cls, client, {"use.deprecated.format": False}) for v, cls in classes.items()}
+    key_class = message_class(KEY, "shop.OrderKey")
+    keys = ProtobufSerializer(key_class, client, {"use.deprecated.format": False})
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "enable.idempotence": True})
     partitions = len(producer.list_topics(topic, timeout=10).topics[topic].partitions)
@@ -110,6 +115,7 @@ def produce_orders(topic: str, count: int, seed: int = 0) -> None:
     for i in range(count):
         version = rng.choice((1, 2, 3))
         producer.produce(topic, partition=rng.randrange(partitions),
+                         key=keys(key_class(id=i), SerializationContext(topic, MessageField.KEY)),
                          value=serializers[version](order(classes[version], rng, i, version), context))
         producer.poll(0)
     assert producer.flush(30) == 0
@@ -118,9 +124,10 @@ def produce_orders(topic: str, count: int, seed: int = 0) -> None:
 def truth(topic: str, skip=()) -> dict[tuple, tuple]:
     """The rows sink's columns per (topic, partition, offset), from the topic decoded here as the view."""
     deserialize = ProtobufDeserializer(message_class(VIEW), {"use.deprecated.format": False})
+    key_of = ProtobufDeserializer(message_class(KEY, "shop.OrderKey"), {"use.deprecated.format": False})
     statuses = {0: "NEW", 1: "PAID", 2: "SHIPPED"}
     rows = {}
-    for partition, offset, _, value, _ in committed_records(topic):
+    for partition, offset, key, value, _ in committed_records(topic):
         if (partition, offset) in skip:
             continue
         m = deserialize(value, SerializationContext(topic, MessageField.VALUE))
@@ -128,7 +135,7 @@ def truth(topic: str, skip=()) -> dict[tuple, tuple]:
               if m.HasField("at") else None)
         address = m.address if m.HasField("address") else None
         rows[(topic, partition, offset)] = (
-            m.id, m.customer, at, address.city if address else None,
+            m.id, key_of(key, SerializationContext(topic, MessageField.KEY)).id if key else None, m.customer, at, address.city if address else None,
             address.zip if address and address.HasField("zip") else None, ",".join(m.tags), statuses[m.status],
             str(m.counts["a"]) if "a" in m.counts else None, m.cents if m.HasField("cents") else None)
     return rows

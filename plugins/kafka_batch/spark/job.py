@@ -28,11 +28,8 @@ from kafka_batch.errors import (
     raised_in_task,
     without_sqlstate,
 )
-from kafka_batch.formats import avro
 from kafka_batch.formats import registry as schema_registry
-from kafka_batch.formats.avro import AvroColumn
 from kafka_batch.formats.columns import Decoded, schema_id_column
-from kafka_batch.formats.protobuf import ProtobufColumn
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.sinks.base import StageContext
@@ -337,14 +334,8 @@ def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
         if record.uses_registry:
             registry = registry_config(pipeline)
             schema_registry.check(registry)
-        framed = registry if record.framing == "confluent" else None
-        if record.format == "avro":
-            value = AvroColumn(avro.load_schema(record.view_schema), framed)
-        else:
-            value = ProtobufColumn(record.descriptor_set, record.view.message, framed)
-        key = record.key
-        return Decoded(value, None if key is None else AvroColumn(
-            key.avro_schema, registry if key.framing == "confluent" else None, "key"))
+        key = None if record.key is None else record.key.column(registry, "key")
+        return Decoded(record.column(registry, "value"), key)
     plain = record.envelope is None  # an envelope's fields sit inside it: from_json parses those
     return JsonFields(pipeline.fields) if plain and parses_in_reader(pipeline.fields) else None
 
