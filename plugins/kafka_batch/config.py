@@ -210,7 +210,7 @@ class BinaryView(Model):
     @cached_property
     def descriptor_set(self) -> bytes:
         """The Protobuf view compiled (a serialized FileDescriptorSet): what executors get."""
-        return protobuf.compile_proto(self.view_schema)
+        return protobuf.compile_proto(self.view_schema, user_cache_dir() / "proto")
 
     def column(self, registry: dict | None, side: str) -> avro.AvroColumn | protobuf.ProtobufColumn:
         """The reader's decoder of this side of a record (`registry`: the client's settings)."""

@@ -12,6 +12,7 @@ from kafka_batch.connections import (
     kafka_config,
     parse_connection,
     postgres_params,
+    schema_registry_config,
 )
 from kafka_batch.errors import InputError
 
@@ -48,3 +49,20 @@ def test_missing_connection_names_the_variable():
 
 def test_password_is_not_in_repr():
     assert "pw" not in repr(ConnectionFields("x", password="pw", extra={"sasl.password": "pw"}))
+
+
+def test_schema_registry_settings_from_a_connection():
+    from kafka_batch.formats.registry import _url
+
+    conn = parse_connection("sr", json.dumps({"conn_type": "http", "host": "registry", "port": 8081, "schema": "https",
+                                              "login": "reader", "password": "s3cret",
+                                              "extra": {"ssl.ca.location": "/ca.pem"}}))
+    config = schema_registry_config(conn)
+    assert config["url"] == "https://registry:8081" and config["basic.auth.user.info"] == "reader:s3cret"
+    assert config["ssl.ca.location"] == "/ca.pem" and config["timeout"] == 10
+    token = schema_registry_config(parse_connection("sr", "http://registry:8081?bearer.auth.token=t"))
+    assert token["bearer.auth.credentials.source"] == "STATIC_TOKEN" and token["url"] == "http://registry:8081"
+    with pytest.raises(InputError, match=r"unknown extra setting\(s\) \['sasl.username'\]"):
+        schema_registry_config(parse_connection("sr", "http://registry:8081?sasl.username=x"))
+    # Messages name the registry without the credentials a URL may carry.
+    assert _url({"url": "https://user:s3cret@registry:8081"}) == "https://registry:8081"

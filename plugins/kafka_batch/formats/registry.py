@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -52,7 +53,10 @@ def schema_id(value: bytes) -> int:
 
 
 def _url(config: dict) -> str:
-    return str(config.get("url", "")).split(",")[0]
+    """The (first) registry URL, without any credentials in it: for messages and cache keys."""
+    parts = urlsplit(str(config.get("url", "")).split(",")[0])
+    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl() \
+        if parts.hostname else parts.geturl()
 
 
 def client(config: dict) -> SchemaRegistryClient:
