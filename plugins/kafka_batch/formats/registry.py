@@ -111,7 +111,7 @@ def check(config: dict) -> None:
     """One request before a batch reads: a registry that refuses the credentials fails it at once
     (InputError) instead of in every task; one that does not answer is a ServiceError."""
     try:
-        client(config).get_subjects()
+        client(config).get_schema_types()
     except SchemaRegistryError as exc:
         raise registry_error(config, exc) from None
     except Exception as exc:  # noqa: BLE001 - transport errors
