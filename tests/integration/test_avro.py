@@ -343,6 +343,44 @@ def test_a_replay_after_a_schema_change_reads_with_the_new_view_and_swaps_exactl
     assert positions(pipeline.name) == committed
 
 
+def test_a_replay_after_a_default_changes_swaps_the_totals_exactly(services):
+    """An aggregate per channel: records written before `channel` existed count under the view's
+    default; the view's default changes, a replay of everything re-reads them and moves their totals."""
+    aggregate = {"table": None, "group_by": {"channel": "channel"},
+                 "measures": {"orders": "1", "cents": "CAST(amount * 100 AS BIGINT)"}}
+    pipeline = avro_pipeline("avro_totals", key=None, columns={"customer": "customer"})
+    update = yaml.safe_load((Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{pipeline.name}.yaml").read_text())
+    update["sinks"] = {"aggregate": {**aggregate, "table": f"{pipeline.name}_channels"}}
+    path = Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{pipeline.name}.yaml"
+    path.write_text(yaml.safe_dump(update))
+    topic = pipeline.topics[0]
+    produce_orders(topic, 400, seed=12)
+
+    def totals(view: dict) -> dict[str, tuple[int, int]]:
+        deserialize = AvroDeserializer(registry_client(), json.dumps(view))
+        found: dict[str, list[int]] = {}
+        for _, _, _, value, _ in committed_records(topic):
+            record = deserialize(value, SerializationContext(topic, MessageField.VALUE))
+            entry = found.setdefault(record["channel"], [0, 0])
+            entry[0] += 1
+            entry[1] += int(record["amount"] * 100)
+        return {channel: tuple(entry) for channel, entry in found.items()}
+
+    def table() -> dict[str, tuple[int, int]]:
+        return {c: (n, cents) for c, n, cents in query(f"SELECT channel, orders, cents FROM {pipeline.name}_channels")}
+
+    run_cli("run", "--pipeline", pipeline.name)
+    assert table() == totals(VIEW)
+    shop_default = {**VIEW, "fields": [{**f, "default": "SHOP"} if f["name"] == "channel" else f for f in VIEW["fields"]]}
+    update["record"]["schema"] = shop_default
+    path.write_text(yaml.safe_dump(update))
+    committed = positions(pipeline.name)
+    run_cli("replay", "--pipeline", pipeline.name, "--topic", topic,
+            "--from-time", "2000-01-01T00:00:00Z", "--until-time", "2100-01-01T00:00:00Z")
+    assert table() == totals(shop_default) != totals(VIEW)
+    assert positions(pipeline.name) == committed
+
+
 # Debezium's Postgres connector with the Avro converter: the row schema inside the envelope's.
 ROW = {"type": "record", "name": "Value", "namespace": "shop.public.customers", "fields": [
     {"name": "customer_id", "type": "string"}, {"name": "name", "type": ["null", "string"], "default": None},
