@@ -120,30 +120,30 @@ class Env:
 
     def pipeline(self, name: str, topic: str, spark: str = SUBMIT, group: str = "page", **limits):
         """The page_views sample on a bench topic; `group`: the field it groups by with the minute."""
-        definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+        definition = self._sample("page_views", name, topic, spark, limits)
+        definition["sinks"]["aggregate"]["group_by"]["page"]["expr"] = group
+        return self._written(definition)
+
+    def avro_pipeline(self, name: str, topic: str, spark: str = SUBMIT):
+        """The page_views_avro sample on a bench topic."""
+        return self._written(self._sample("page_views_avro", name, topic, spark, {}))
+
+    def _sample(self, sample: str, name: str, topic: str, spark: str, limits: dict) -> dict:
+        """A sample aggregate pipeline's definition on a bench topic, with a table of its own and no
+        limit on a batch's size."""
+        definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / f"{sample}.yaml").read_text())
         name = f"{self.prefix}_{name}"
         definition.update(name=name, topics=[topic], schedule=None)
         definition["connections"]["spark"] = spark
-        definition["limits"] = {**definition["limits"], "max_records_per_partition": 10**9,
+        definition["limits"] = {**definition.get("limits", {}), "max_records_per_partition": 10**9,
                                 "max_records_per_batch": 10**9, **limits}
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
-        definition["sinks"]["aggregate"]["group_by"]["page"]["expr"] = group
-        (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
-        pipeline = load_pipeline(name)
-        [sink] = pipeline.sinks
-        self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
-        return pipeline
+        return definition
 
-    def avro_pipeline(self, name: str, topic: str, spark: str = SUBMIT):
-        """The page_views_avro sample on a bench topic, with tables of its own."""
-        definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views_avro.yaml").read_text())
-        name = f"{self.prefix}_{name}"
-        definition.update(name=name, topics=[topic], schedule=None,
-                          limits={"max_records_per_partition": 10**9, "max_records_per_batch": 10**9})
-        definition["connections"]["spark"] = spark
-        definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
-        (self.pipelines / f"{name}.yaml").write_text(yaml.safe_dump(definition))
-        pipeline = load_pipeline(name)
+    def _written(self, definition: dict):
+        """The pipeline of this definition, written among the bench's pipelines; its tables dropped at the end."""
+        (self.pipelines / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition))
+        pipeline = load_pipeline(definition["name"])
         [sink] = pipeline.sinks
         self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
         return pipeline

@@ -49,7 +49,7 @@ RECORD_COLUMNS = ("topic", "partition", "offset", "timestamp", "timestamp_type",
 ENVELOPE_COLUMNS = {"debezium": ("op", "ts_ms", "source")}
 # Columns a binary (Avro, Protobuf) record adds: the whole decoded record and key, and the raw value kept
 # for the quarantine.
-AVRO_COLUMNS = ("record", "record_key", "value", "range_id")
+BINARY_COLUMNS = ("record", "record_key", "value", "range_id")
 
 
 def pipelines_dir() -> Path:
@@ -216,7 +216,7 @@ class BinaryView(Model):
         """The reader's decoder of this side of a record (`registry`: the client's settings)."""
         framed = registry if self.framing == "confluent" else None
         if self.format == "avro":
-            return avro.AvroColumn(avro.load_schema(self.view_schema, self._records_only), framed, side)
+            return avro.AvroColumn(self.view.schema, framed, side)
         return protobuf.ProtobufColumn(self.descriptor_set, self.view.message, framed, side)
 
 
@@ -255,7 +255,7 @@ class Record(BinaryView):
             return self._not_clashing()
         if self.fields is not None:
             raise ValueError(f"format {self.format} takes its fields from `schema`: leave `fields` out")
-        members = self._view_members()
+        members = dict(self.view.type.members)  # a usable view: BinaryView checked it
         if self.envelope == "debezium":
             after = members.get("after")
             if after is None or not after.members or "op" not in members or "before" not in members:
@@ -282,7 +282,7 @@ class Record(BinaryView):
         members = self.view.type.members
         if self.envelope == "debezium":
             members = dict(members)["after"].members
-        hidden = {*RECORD_COLUMNS, *AVRO_COLUMNS}
+        hidden = {*RECORD_COLUMNS, *BINARY_COLUMNS}
         return {name: t.spark for name, t in members if name not in hidden}
 
 

@@ -145,9 +145,24 @@ def truth(topic: str, url: str | None = None, view: dict = VIEW, skip=()) -> dic
     return rows
 
 
-def contents(pipeline) -> dict[tuple, tuple]:
-    rows = query(f"SELECT kafka_topic, kafka_partition, kafka_offset, {', '.join(COLUMNS)} FROM {pipeline.name}")
+def contents(pipeline, columns: dict = COLUMNS) -> dict[tuple, tuple]:
+    """The rows sink's `columns` per (topic, partition, offset)."""
+    rows = query(f"SELECT kafka_topic, kafka_partition, kafka_offset, {', '.join(columns)} FROM {pipeline.name}")
     return {tuple(r[:3]): tuple(r[3:]) for r in rows}
+
+
+def writer_ids(topic: str) -> dict[tuple[int, int], int]:
+    """(partition, offset) -> the schema id in each record's Confluent header, read from the raw bytes."""
+    return {(partition, offset): struct.unpack(">I", value[1:5])[0]
+            for partition, offset, _, value, _ in committed_records(topic)}
+
+
+def versions_per_partition(topic: str) -> list[int]:
+    """How many writer schemas each partition holds."""
+    found: dict[int, set[int]] = {}
+    for (partition, _), ident in writer_ids(topic).items():
+        found.setdefault(partition, set()).add(ident)
+    return [len(ids) for _, ids in sorted(found.items())]
 
 
 def test_interleaved_schema_versions_nested_unions_logical_types_and_keys_match_the_topic(services):
@@ -163,20 +178,15 @@ def test_interleaved_schema_versions_nested_unions_logical_types_and_keys_match_
     got = contents(pipeline)
     assert got == expected
     # Every partition interleaves the three writer schemas, and every field kind is exercised.
-    ids: dict[int, set[int]] = {}
-    for partition, _, _, value, _ in committed_records(topic):
-        ids.setdefault(partition, set()).add(struct.unpack(">I", value[1:5])[0])
-    assert [len(found) for found in ids.values()] == [3, 3, 3]
+    assert versions_per_partition(topic) == [3, 3, 3]
     assert len({v[0] for v in expected.values()}) == 1000  # every key decoded, each once
     # The ledger says which schemas wrote each committed range, as the topic holds them.
-    held: dict[tuple[int, int], set[int]] = {}
-    for partition, offset, _, value, _ in committed_records(topic):
-        held.setdefault((partition, offset), set()).add(struct.unpack(">I", value[1:5])[0])
+    held = writer_ids(topic)
     ledger = query("SELECT partition, from_offset, until_offset, schema_ids FROM kafka_batch.ledger"
                    " WHERE pipeline = %s", pipeline.name)
     assert len(ledger) == 6
     for partition, lo, hi, schema_ids in ledger:
-        assert schema_ids == sorted(set().union(*(held[(partition, o)] for o in range(lo, hi))))
+        assert schema_ids == sorted({held[(partition, o)] for o in range(lo, hi)})
     assert {row[6] for row in got.values()} >= {None, "a", "b"} and any(r[6] and r[6].isdigit() for r in got.values())
     assert {row[4] for row in got.values()} == {None, "Oslo", "Lima"} and {row[8] for row in got.values()} == {
         "WEB", "SHOP"}
@@ -250,15 +260,18 @@ def test_plain_avro_with_a_fixed_schema(services):
 
 class LocalRegistry:
     """A registry of the test's own (kafka_batch_dev.schema_registry) that it can stop and start again on
-    the same port and schemas, optionally with basic auth."""
+    the same address and schemas, optionally with basic auth. Each gets a loopback address of its own:
+    workers keep schemas by registry URL and id (ids never change within a registry), so a later test's
+    registry on a reused port must not look like this one."""
 
     def __init__(self, data: Path, credentials: str | None = None):
         self.data, self.credentials, self.port = data, credentials, 0
+        self.host = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}.{random.randrange(2, 255)}"
         self.server = None
         self.start()
 
     def start(self) -> None:
-        self.server = serve(self.port, self.data, self.credentials)
+        self.server = serve(self.port, self.data, self.credentials, host=self.host)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -267,7 +280,7 @@ class LocalRegistry:
         self.server.server_close()
 
     def url(self, credentials: str | None = None) -> str:
-        return f"http://{credentials + '@' if credentials else ''}127.0.0.1:{self.port}"
+        return f"http://{credentials + '@' if credentials else ''}{self.host}:{self.port}"
 
 
 def _connection(conn_id: str, url: str) -> dict[str, str]:

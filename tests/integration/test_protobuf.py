@@ -29,7 +29,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from kafka_batch.config import load_pipeline
 from tests.integration.helpers import committed_records, create_topic, kafka_config, positions, query, run_cli
-from tests.integration.test_avro import registry_client
+from tests.integration.test_avro import contents, registry_client, versions_per_partition
 
 pytestmark = pytest.mark.integration
 
@@ -141,11 +141,6 @@ def truth(topic: str, skip=()) -> dict[tuple, tuple]:
     return rows
 
 
-def contents(pipeline) -> dict[tuple, tuple]:
-    rows = query(f"SELECT kafka_topic, kafka_partition, kafka_offset, {', '.join(COLUMNS)} FROM {pipeline.name}")
-    return {tuple(r[:3]): tuple(r[3:]) for r in rows}
-
-
 def test_interleaved_message_versions_match_the_topic_decoded_independently(services):
     pipeline = protobuf_pipeline("proto_versions", limits={"max_records_per_task": 200})
     topic = pipeline.topics[0]
@@ -153,11 +148,8 @@ def test_interleaved_message_versions_match_the_topic_decoded_independently(serv
     run_cli("run", "--pipeline", pipeline.name)
     assert query("SELECT count(*) FROM kafka_batch.quarantine WHERE pipeline = %s", pipeline.name) == [(0,)]
     expected = truth(topic)
-    assert len(expected) == 600 and contents(pipeline) == expected
-    ids: dict[int, set[int]] = {}
-    for partition, _, _, value, _ in committed_records(topic):
-        ids.setdefault(partition, set()).add(struct.unpack(">I", value[1:5])[0])
-    assert [len(found) for found in ids.values()] == [3, 3, 3]  # every partition interleaves the versions
+    assert len(expected) == 600 and contents(pipeline, COLUMNS) == expected
+    assert versions_per_partition(topic) == [3, 3, 3]  # every partition interleaves the versions
 
 
 def test_protobuf_poison_records_are_quarantined_with_their_reason(services):
@@ -187,5 +179,5 @@ def test_protobuf_poison_records_are_quarantined_with_their_reason(services):
     assert [o for o, _ in reasons] == list(range(10, 14))
     for (_, reason), expected in zip(reasons, poison.values(), strict=True):
         assert expected in reason, (reason, expected)
-    assert contents(pipeline) == truth(topic, skip={(0, o) for o in range(10, 14)})
+    assert contents(pipeline, COLUMNS) == truth(topic, skip={(0, o) for o in range(10, 14)})
     assert positions(pipeline.name) == {(topic, 0): 19}

@@ -28,11 +28,10 @@ from fastavro.schema import to_parsing_canonical_form
 
 from kafka_batch.formats.columns import (
     ColumnType,
-    decoded_column,
-    error_column,
+    DecodedColumn,
+    Undecodable,
     in_list,
     scaled,
-    schema_id_column,
     struct_of,
     values_to_arrow,
 )
@@ -238,84 +237,46 @@ def decode(payload: bytes, start: int, writer: Any, reader: Any) -> dict:
 
 
 
-def _parse_writer(text: str, references: dict[str, str]) -> tuple[Any, str]:
-    """A registered writer schema (with the named types it references), its logical types left out as
-    the view's are, and its canonical form."""
-    named: dict[str, Any] = {}
-    for reference in references.values():
-        parse_schema(_physical(json.loads(reference)), named_schemas=named)
-    parsed = parse_schema(_physical(json.loads(text)), named_schemas=named)
-    return parsed, to_parsing_canonical_form(parsed)
+class AvroColumn(DecodedColumn):
+    """Avro bytes of one side of a record decoded (formats.columns.DecodedColumn); the plain binary is
+    written with the view itself."""
 
-
-class AvroColumn:
-    """Avro bytes of one side of a record (its value or its key) decoded: as the view (`<side>`), or why
-    not (`<side>_decode_error`), and the id of the schema that wrote it (`<side>_schema_id`, Confluent
-    framing only). `registry`: the Schema Registry client's settings, None for plain Avro written with
-    the view itself."""
+    kind = "AVRO"
 
     def __init__(self, schema: Any, registry: dict | None, side: str = "value"):
+        super().__init__(registry, side)
         self.schema = schema
-        self.registry = registry
-        self.side = side
-        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), schema_id_column(side)
-        self._view: ReaderView | None = None
 
-    @property
-    def view(self) -> ReaderView:
-        if self._view is None:  # built on the executor, once per decoder
-            self._view = ReaderView(self.schema)
-        return self._view
+    def _load_view(self) -> ReaderView:
+        return ReaderView(self.schema)
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_view": None}
+    def _parse_writer(self, text: str, references: dict[str, str]) -> tuple[Any, str]:
+        """A registered writer schema (with the named types it references), its logical types left out as
+        the view's are, and its canonical form. Cached per worker for every pipeline: nothing of the view."""
+        named: dict[str, Any] = {}
+        for reference in references.values():
+            parse_schema(_physical(json.loads(reference)), named_schemas=named)
+        parsed = parse_schema(_physical(json.loads(text)), named_schemas=named)
+        return parsed, to_parsing_canonical_form(parsed)
 
-    def columns(self) -> list[tuple[str, pa.DataType, str]]:
-        return [(self.name, self.view.type.arrow, self.view.type.spark), (self.error, pa.string(), "string"),
-                (self.schema_id, pa.int32(), "int")]
-
-    def decode(self, payloads: Sequence[bytes | None]) -> list[pa.Array]:
-        from kafka_batch.formats import registry
-
-        view = self.view
-        n = len(payloads)
-        records: list[Any] = [None] * n
-        errors: list[str | None] = [None] * n
-        ids: list[int | None] = [None] * n
-        # Per schema id in this chunk: (writer, reader: None when the writer is the view) or why not.
-        schemas: dict[int, tuple[Any, Any] | str] = {}
-        header = registry.HEADER_BYTES
-        for i, payload in enumerate(payloads):
-            if payload is None:
-                continue
-            if self.registry is None:
-                try:
-                    records[i] = decode(payload, 0, view.parsed, None)
-                except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds on bad bytes
-                    errors[i] = f"undecodable Avro {self.side} ({_reason(exc)})"
-                continue
-            if len(payload) < header or payload[0] != registry.MAGIC:
-                errors[i] = f"{self.side} {registry.header_problem(payload)}"
-                continue
-            ident = ids[i] = registry.schema_id(payload)
-            found = schemas.get(ident)
-            if found is None:
-                try:
-                    writer, canonical = registry.fetch(self.registry, ident, "AVRO", _parse_writer)
-                    found = schemas[ident] = (writer, None if canonical == view.canonical else view.parsed)
-                except registry.UnknownSchema as exc:
-                    found = schemas[ident] = f"{self.side}: {exc}"
-            if isinstance(found, str):
-                errors[i] = found
-                continue
+    def _read(self, payload: bytes, start: int, ident: int | None, writer: tuple[Any, str] | None) -> Any:
+        if writer is None:
             try:
-                records[i] = decode(payload, header, *found)
-            except SchemaResolutionError as exc:  # names the field the writer schema cannot give
-                errors[i] = (f"{self.side}: schema id {ident} cannot be read as the pipeline's schema:"
-                             f" {' '.join(str(exc).split())}")
-            except Exception as exc:  # noqa: BLE001 - as above
-                errors[i] = f"{self.side}: schema id {ident}: undecodable Avro payload ({_reason(exc)})"
-        return [view.records_to_arrow(records), pa.array(errors, pa.string()), pa.array(ids, pa.int32())]
+                return decode(payload, start, self.view.parsed, None)
+            except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds on bad bytes
+                raise Undecodable(f"undecodable Avro {self.side} ({_reason(exc)})") from None
+        parsed, canonical = writer
+        view = self.view
+        try:  # resolved only when the writer is not the view itself
+            return decode(payload, start, parsed, None if canonical == view.canonical else view.parsed)
+        except SchemaResolutionError as exc:  # names the field the writer schema cannot give
+            raise Undecodable(f"{self.side}: schema id {ident} cannot be read as the pipeline's schema:"
+                              f" {' '.join(str(exc).split())}") from None
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise Undecodable(f"{self.side}: schema id {ident}: undecodable Avro payload ({_reason(exc)})") from None
+
+    def _to_arrow(self, values: list[Any]) -> pa.Array:
+        return self.view.records_to_arrow(values)
 
 
 def _reason(exc: Exception) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -106,9 +106,101 @@ def schema_id_column(side: str) -> str:
     return f"_{side}_schema_id"
 
 
+def spread(missing: Sequence[bool]) -> pa.Array:
+    """Indexes that spread the rows of the present records over all of them (null where one is missing):
+    `column.take(spread(missing))`."""
+    positions, row = [], 0
+    for gone in missing:
+        positions.append(None if gone else row)
+        row += not gone
+    return pa.array(positions, pa.int64())
+
+
+class Undecodable(Exception):
+    """A payload its format cannot read; the message is the record's reason, whole."""
+
+
+class DecodedColumn:
+    """Binary payloads of one side of a record (its value, `side` "value", or its key) decoded by a
+    format (formats.avro.AvroColumn, formats.protobuf.ProtobufColumn): as the format's view (column
+    `decoded_column(side)`), or why not (`error_column(side)`), and the id of the schema that wrote
+    it (`schema_id_column(side)`, Confluent framing only). `registry`: the Schema Registry client's
+    settings, None for the plain binary. A format gives its view, how a registered writer schema is
+    parsed, how one payload is read, and how read values become Arrow."""
+
+    kind: ClassVar[str]  # the registry's name of the format's schemas (AVRO, PROTOBUF)
+
+    def __init__(self, registry: dict | None, side: str):
+        self.registry, self.side = registry, side
+        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), schema_id_column(side)
+        self._view = None
+
+    @property
+    def view(self):
+        if self._view is None:  # built on the executor, once per decoder
+            self._view = self._load_view()
+        return self._view
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_view": None}
+
+    def columns(self) -> list[tuple[str, pa.DataType, str]]:
+        return [(self.name, self.view.type.arrow, self.view.type.spark), (self.error, pa.string(), "string"),
+                (self.schema_id, pa.int32(), "int")]
+
+    def _load_view(self):
+        raise NotImplementedError
+
+    def _parse_writer(self, text: str, references: dict[str, str]) -> Any:
+        """A registered writer schema, as `_read` takes it (cached per worker by registry.fetch)."""
+        raise NotImplementedError
+
+    def _read(self, payload: bytes, start: int, ident: int | None, writer: Any) -> Any:
+        """One payload's value, its format's bytes from `start` (after the header); `ident` and `writer`
+        None for the plain binary. Undecodable: why not."""
+        raise NotImplementedError
+
+    def _to_arrow(self, values: list[Any]) -> pa.Array:
+        raise NotImplementedError
+
+    def decode(self, payloads: Sequence[bytes | None]) -> list[pa.Array]:
+        from kafka_batch.formats import registry
+
+        n = len(payloads)
+        values: list[Any] = [None] * n
+        errors: list[str | None] = [None] * n
+        ids: list[int | None] = [None] * n
+        writers: dict[int, Any] = {}  # per schema id in this chunk: its parsed writer schema, or why not
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                continue
+            start, ident, writer = 0, None, None
+            if self.registry is not None:
+                problem = registry.header_problem(payload)
+                if problem is not None:
+                    errors[i] = f"{self.side} {problem}"
+                    continue
+                ident = ids[i] = registry.schema_id(payload)
+                writer = writers.get(ident)
+                if writer is None:
+                    try:
+                        writer = writers[ident] = registry.fetch(self.registry, ident, self.kind, self._parse_writer)
+                    except registry.UnknownSchema as exc:
+                        writer = writers[ident] = Undecodable(f"{self.side}: {exc}")
+                if isinstance(writer, Undecodable):
+                    errors[i] = str(writer)
+                    continue
+                start = registry.HEADER_BYTES
+            try:
+                values[i] = self._read(payload, start, ident, writer)
+            except Undecodable as exc:
+                errors[i] = str(exc)
+        return [self._to_arrow(values), pa.array(errors, pa.string()), pa.array(ids, pa.int32())]
+
+
 class Decoded:
     """The reader's decoder of a binary pipeline (see kafka_batch.spark.reader): its values, and its keys
-    when the pipeline decodes them too; each side an AvroColumn or a ProtobufColumn."""
+    when the pipeline decodes them too; each side a DecodedColumn."""
 
     def __init__(self, value, key=None):
         self.value, self.key = value, key

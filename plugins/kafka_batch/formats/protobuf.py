@@ -33,11 +33,11 @@ from google.protobuf.message_factory import GetMessageClass
 
 from kafka_batch.formats.columns import (
     ColumnType,
-    decoded_column,
-    error_column,
+    DecodedColumn,
+    Undecodable,
     in_list,
     scaled,
-    schema_id_column,
+    spread,
     struct_of,
     values_to_arrow,
 )
@@ -85,9 +85,11 @@ def compile_proto(text: str, cache: Path | None = None) -> bytes:
     if cached is None:
         return data
     cached.parent.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_suffix(f".{digest[:8]}.tmp")
-    partial.write_bytes(data)
-    partial.replace(cached)
+    # A file of this process's own, renamed into place: processes loading the definition at once (the
+    # DAG processor, a CLI, a job) never see one another's partial writes.
+    with tempfile.NamedTemporaryFile(dir=cached.parent, prefix=f"{digest}.", suffix=".tmp", delete=False) as partial:
+        partial.write(data)
+    Path(partial.name).replace(cached)
     return data
 
 
@@ -218,23 +220,13 @@ class ProtoView:
             return values_to_arrow(kind, [])
         missing = [m is None for m in messages]
         present = [m for m in messages if m is not None] if any(missing) else messages
+        rows = spread(missing) if len(present) < len(messages) else None  # the present rows over the records
         children = []
         for (_, field), get in zip(kind.members, self.getters, strict=True):
             column = values_to_arrow(field, [get(m) for m in present])
-            if len(present) < len(messages):  # spread the present rows over the records
-                column = column.take(pa.array(_positions(missing), pa.int64()))
-            children.append(column)
+            children.append(column if rows is None else column.take(rows))
         return pa.StructArray.from_arrays(children, fields=list(kind.arrow),
                                           mask=pa.array(missing) if any(missing) else None)
-
-
-def _positions(missing: list[bool]) -> list[int | None]:
-    """For each record, its row among the present ones (None where it has none)."""
-    positions, row = [], 0
-    for gone in missing:
-        positions.append(None if gone else row)
-        row += not gone
-    return positions
 
 
 def message_indexes(payload: bytes, start: int) -> tuple[list[int], int]:
@@ -282,69 +274,39 @@ def writer_messages(text: str, references: dict[str, str]) -> dict[tuple[int, ..
     return names
 
 
-class ProtobufColumn:
-    """Protobuf bytes of one side of a record decoded (see formats.avro.AvroColumn: the same columns and
-    errors). `registry`: the Schema Registry client's settings, None for plain Protobuf bytes."""
+class ProtobufColumn(DecodedColumn):
+    """Protobuf bytes of one side of a record decoded (formats.columns.DecodedColumn); in the Confluent
+    wire format the message indexes must name the view's message in the writer schema."""
+
+    kind = "PROTOBUF"
 
     def __init__(self, descriptor_set: bytes, message: str, registry: dict | None, side: str = "value"):
-        self.descriptor_set, self.message, self.registry, self.side = descriptor_set, message, registry, side
-        self.name, self.error, self.schema_id = decoded_column(side), error_column(side), schema_id_column(side)
-        self._view: ProtoView | None = None
+        super().__init__(registry, side)
+        self.descriptor_set, self.message = descriptor_set, message
 
-    @property
-    def view(self) -> ProtoView:
-        if self._view is None:
-            self._view = ProtoView(self.descriptor_set, self.message)
-        return self._view
+    def _load_view(self) -> ProtoView:
+        return ProtoView(self.descriptor_set, self.message)
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_view": None}
+    def _parse_writer(self, text: str, references: dict[str, str]) -> dict[tuple[int, ...], str]:
+        return writer_messages(text, references)
 
-    def columns(self) -> list[tuple[str, pa.DataType, str]]:
-        return [(self.name, self.view.type.arrow, self.view.type.spark), (self.error, pa.string(), "string"),
-                (self.schema_id, pa.int32(), "int")]
-
-    def decode(self, payloads: Sequence[bytes | None]) -> list[pa.Array]:
-        from kafka_batch.formats import registry
-
-        view = self.view
-        n = len(payloads)
-        messages: list[Any] = [None] * n
-        errors: list[str | None] = [None] * n
-        ids: list[int | None] = [None] * n
-        schemas: dict[int, dict | str] = {}  # per schema id in this chunk: its messages, or why not
-        for i, payload in enumerate(payloads):
-            if payload is None:
-                continue
-            start, where = 0, ""
-            if self.registry is not None:
-                if len(payload) < registry.HEADER_BYTES or payload[0] != registry.MAGIC:
-                    errors[i] = f"{self.side} {registry.header_problem(payload)}"
-                    continue
-                ident = ids[i] = registry.schema_id(payload)
-                found = schemas.get(ident)
-                if found is None:
-                    try:
-                        found = schemas[ident] = registry.fetch(self.registry, ident, "PROTOBUF", writer_messages)
-                    except registry.UnknownSchema as exc:
-                        found = schemas[ident] = f"{self.side}: {exc}"
-                if isinstance(found, str):
-                    errors[i] = found
-                    continue
-                try:
-                    indexes, start = message_indexes(payload, registry.HEADER_BYTES)
-                except ValueError as exc:
-                    errors[i] = f"{self.side}: schema id {ident}: {exc}"
-                    continue
-                where = f"schema id {ident}: "
-                named = found.get(tuple(indexes))
-                if named != self.message:
-                    errors[i] = (f"{self.side}: message index {indexes} of schema id {ident} is"
-                                 f" {named or 'no message'}; the pipeline reads {self.message}")
-                    continue
+    def _read(self, payload: bytes, start: int, ident: int | None, writer: dict | None) -> Any:
+        where = ""
+        if writer is not None:
             try:
-                messages[i] = view.parse(payload[start:] if start else payload)
-            except Exception as exc:  # noqa: BLE001 - the runtime's DecodeError, and others on bad bytes
-                errors[i] = (f"{self.side}: {where}undecodable Protobuf payload"
-                             f" ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
-        return [view.messages_to_arrow(messages), pa.array(errors, pa.string()), pa.array(ids, pa.int32())]
+                indexes, start = message_indexes(payload, start)
+            except ValueError as exc:
+                raise Undecodable(f"{self.side}: schema id {ident}: {exc}") from None
+            where = f"schema id {ident}: "
+            named = writer.get(tuple(indexes))
+            if named != self.message:
+                raise Undecodable(f"{self.side}: message index {indexes} of schema id {ident} is"
+                                  f" {named or 'no message'}; the pipeline reads {self.message}")
+        try:
+            return self.view.parse(payload[start:] if start else payload)
+        except Exception as exc:  # noqa: BLE001 - the runtime's DecodeError, and others on bad bytes
+            raise Undecodable(f"{self.side}: {where}undecodable Protobuf payload"
+                              f" ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+
+    def _to_arrow(self, values: list[Any]) -> pa.Array:
+        return self.view.messages_to_arrow(values)

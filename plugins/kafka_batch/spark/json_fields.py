@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from kafka_batch.formats.columns import spread
+
 # The field types pyarrow converts as Spark's from_json does (a timestamp's formats differ: Spark's).
 ARROW_TYPES = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64(),
                "boolean": pa.bool_()}
@@ -56,12 +58,8 @@ def parse_values(values: Sequence[bytes | None], fields: Mapping[str, str]) -> l
     if parsed is None:
         return [pa.repeat(pa.scalar(False), n), *[pa.nulls(n, ARROW_TYPES[t]) for t in fields.values()]]
     if len(present) < n:  # tombstones: spread the parsed rows over the records that have a value
-        positions, i = [], 0
-        for v in values:
-            positions.append(None if v is None else i)
-            i += v is not None
-        take = pa.array(positions, pa.int64())
-        parsed = [column.take(take) for column in parsed]
+        rows = spread([v is None for v in values])
+        parsed = [column.take(rows) for column in parsed]
     return [pa.repeat(pa.scalar(True), n), *parsed]
 
 
