@@ -69,9 +69,11 @@ bench: install
 
 # Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 10000" for a full run.
 # Strikes go through spark-submit; the fault-free recovery after each runs on the Spark Connect server.
+# Then the soak: producers, batches of a JSON and an Avro pipeline and a fault every 15 s, for 5 minutes.
+SOAK_SECONDS ?= 300
 chaos: install
 	$(BIN)/kafka-batch local up
-	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect $(CHAOS_ARGS)
+	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect --soak $(SOAK_SECONDS) $(CHAOS_ARGS)
 
 # The pipeline definition's JSON Schema (editors) and reference, written from the typed model; a test fails
 # while either is stale.

@@ -19,6 +19,8 @@ One run produces the data, plans every batch, then measures (each with the load 
                   100k changed keys; the history table's size per million records
   avro            AVRO_RECORDS Avro page views (two schema versions, through the Schema Registry): the job via
                   Spark Connect and spark-submit against a plain consumer decoding with AvroDeserializer
+  after abort     AFTER_ABORT_RECORDS records committed by a transactional producer that aborted once before
+                  the position, against the same from one that never aborted: a batch of each via Spark Connect
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
@@ -163,15 +165,8 @@ def produce_per_partition(kafka: dict, topic: str, partitions: int, per_partitio
                          "linger.ms": 20, "batch.num.messages": 10_000})
     for i in range(partitions * per_partition):
         key, value = sample_data.page_view(rng)
-        while True:
-            try:
-                producer.produce(topic, key=key, value=json.dumps(value), partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.5)
-        producer.poll(0)
-    if producer.flush(120):
-        raise RuntimeError(f"records to {topic} were not delivered")
+        sample_data.send(producer, topic, key, json.dumps(value), partition=i % partitions)
+    sample_data.flush(producer, topic, 120)
 
 
 def plain_consumer(kafka: dict, ranges, tuned: bool) -> Consumer:
@@ -372,7 +367,10 @@ def phases(marks: list[dict], spawned: float | None = None, ended: float | None 
     return {name: round(b - a, 2) for name, a, b in spans if a is not None and b is not None}
 
 
-def spark_run(env: Env, pipeline, batch, label: str) -> dict:
+def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None) -> dict:
+    """One batch through the whole job, timed; `records`: what it must read where markers take offsets
+    (default: every offset of its ranges is a record)."""
+    records = batch.span if records is None else records
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     os.environ[timings.ENV] = str(marks)
     try:
@@ -389,15 +387,15 @@ def spark_run(env: Env, pipeline, batch, label: str) -> dict:
         cur.execute("SELECT read_tasks, records_tombstone FROM kafka_batch.batches WHERE id = %s", (batch.id,))
         [(read_tasks, tombstones)] = cur.fetchall()
     conn.close()
-    assert committed.status == "committed" and committed.records_read + tombstones == batch.span, (committed, batch.span)
+    assert committed.status == "committed" and committed.records_read + tombstones == records, (committed, records)
     breakdown = phases(timings.read(str(marks)))
     marks.unlink()
     mb = {k: round(v / 2**20) for k, v in rss.peaks.items()}
-    row(f"spark job {label}", batch.span / seconds, "records/s",
-        f"{batch.span:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s;"
-        f" peak RSS MB {mb}; phases {breakdown}", seconds=round(seconds, 2), records=batch.span, rss_mb=mb,
+    row(f"spark job {label}", records / seconds, "records/s",
+        f"{records:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s;"
+        f" peak RSS MB {mb}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
         phases=breakdown, read_tasks=read_tasks)
-    return {"seconds": seconds, "records": batch.span, "rss": mb}
+    return {"seconds": seconds, "records": records, "rss": mb}
 
 
 def marginal_rate(small: dict, big: dict) -> float:
@@ -555,6 +553,46 @@ def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
 
     base, best = side_by_side(args.repeat, planned, baseline_round, env)
     return mode_targets(9, "avro", planned[0][2].span, base, best)
+
+
+def produce_transactions(kafka: dict, topic: str, transactions: list[tuple[int, bool]], seed: int) -> None:
+    """Page views in transactions of ONE transactional id, as exactly-once producers write: (records,
+    committed) each, spread over the partitions."""
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": kafka["bootstrap.servers"], "transactional.id": f"{topic}-producer",
+                         "linger.ms": 20, "batch.num.messages": 10_000})
+    producer.init_transactions(60)
+    for count, commit in transactions:
+        producer.begin_transaction()
+        for _ in range(count):
+            key, value = sample_data.page_view(rng)
+            sample_data.send(producer, topic, key, json.dumps(value))
+        sample_data.flush(producer, topic, 300)
+        producer.commit_transaction(120) if commit else producer.abort_transaction(120)
+
+
+def measure_after_abort(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """A batch over records whose producer aborted a transaction before the position, against one over a
+    producer that never aborted (same records, same id pattern, Spark Connect): placing the abort must
+    cost the read nothing (on the local broker, its front places it)."""
+    planned: dict[str, list] = {}
+    for kind, head in (("clean", [(1000, True)]), ("aborted", [(1000, True), (1000, False)])):
+        topic = f"{env.prefix}_{kind}"
+        sample_data.ensure_topic(env.kafka, topic, args.partitions)
+        produce_transactions(env.kafka, topic, head, seed=13)
+        pipelines = [env.pipeline(f"{kind}_{i}", topic, CONNECT) for i in range(args.repeat)]
+        for pipeline in pipelines:  # the positions past the head, and past its aborted transaction
+            submit_batch(pipeline, env.plan(pipeline, "head").id, verbose=False)
+        produce_transactions(env.kafka, topic, [(args.after_abort_records, True)], seed=14)
+        planned[kind] = [(pipeline, env.plan(pipeline, "measured")) for pipeline in pipelines]
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for i in range(args.repeat):
+        for kind, batches_of_kind in planned.items():
+            pipeline, batch = batches_of_kind[i]
+            runs[kind].append(spark_run(env, pipeline, batch, f"{kind} producer, {MODE[CONNECT]}",
+                                        records=args.after_abort_records))
+    best = {kind: min(r["seconds"] for r in rs) for kind, rs in runs.items()}
+    return [("10 read after an abort / without >= 0.9, Spark Connect", best["clean"] / best["aborted"], 0.9, ">=")]
 
 
 def upsert_pipeline(env: Env, name: str, topic: str, spark: str):
@@ -723,9 +761,11 @@ def main() -> int:
     parser.add_argument("--upsert-records", type=int, default=1_000_000)
     parser.add_argument("--upsert-keys", type=int, default=100_000)
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
+    parser.add_argument("--after-abort-records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of the reads and the Spark jobs of targets 1 and 2; each figure is its best round")
-    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert, avro);"
+    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert, avro,"
+                        " after-abort);"
                         " no target table")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
@@ -753,7 +793,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
         if "commit" in parts:
             row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
         for part, measure_part in (("many-keys", measure_many_keys), ("upsert", measure_upsert),
-                                   ("avro", measure_avro)):
+                                   ("avro", measure_avro), ("after-abort", measure_after_abort)):
             for name, value, limit, op in measure_part(args, env) if part in parts else []:
                 print(f"{name:<52} {value:>8.2f}  {'PASS' if (value >= limit if op == '>=' else value <= limit) else 'FAIL'}")
         return 0
@@ -822,6 +862,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     many_keys_targets = measure_many_keys(args, env)
     upsert_targets = measure_upsert(args, env)
     avro_targets = measure_avro(args, env)
+    after_abort_targets = measure_after_abort(args, env)
 
     targets = [
         # The samples' execution (Spark Connect) first; spark-submit, for clusters without a server, after.
@@ -839,6 +880,7 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
         *upsert_targets,
         *many_keys_targets,
         *avro_targets,
+        *after_abort_targets,
     ]
     print(f"\n{'measure (best of its rounds)':<34} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 86)
     for r in ROWS:

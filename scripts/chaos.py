@@ -1,7 +1,8 @@
 """`make chaos`: inject faults into real batches and check exactly-once against ground truth.
 
-Every iteration produces traceable records (unique ids, integer amounts; a third of the transactions
-aborted, one transaction left open across the plan, a few invalid records), runs a batch through
+Every iteration produces traceable records (unique ids, integer amounts; transactions of two
+transactional ids, each aborting a third of its own and committing the rest, as exactly-once producers
+do; one transaction left open across the plan; a few invalid records), runs a batch through
 `kafka-batch run` while a scenario strikes (SIGKILL of the job's process group in a chosen phase, a
 zombie left running while the run is retried, Postgres sessions terminated, two runs racing, a replay
 racing a batch, Postgres or the broker restarted), lets the pipeline recover without faults, and then
@@ -20,7 +21,13 @@ A scenario named `<scenario>:avro` runs on a topic of Avro values in the Conflue
 local Schema Registry; the invalid records are then not in that format), checked the same way with
 confluent-kafka's AvroDeserializer.
 
+`--soak SECONDS` then runs everything at once: producers writing all along into a JSON and an Avro
+topic, a pipeline on each (every sink) running batch after batch, and a fault every `--fault-every`
+seconds (a run's process group killed, the pipeline's sessions terminated, a racing run, the broker
+or Postgres restarted); then the producers stop, the pipelines catch up and the same checker runs.
+
     python scripts/chaos.py --iterations 3 --records 20000 [--scenarios kill-reading,race] [--json out.json]
+    python scripts/chaos.py --scenarios '' --soak 300 --fault-every 15
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -44,7 +52,7 @@ from pathlib import Path
 import psutil
 import psycopg2
 import yaml
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
@@ -147,39 +155,46 @@ class Codec:
             raise ValueError(str(exc)) from None
 
 
-def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool,
-            codec: Codec) -> Producer | None:
-    """Unique records in transactions: two in three committed, one in three aborted, a few invalid.
-
-    Returns a producer whose transaction is left open (to be committed after the plan), if asked.
-    Aborts use their own transactional id (see README: the local broker's aborted-transaction quirk).
-    """
-    base = {"bootstrap.servers": kafka_bootstrap(), "linger.ms": 5}
-    producers = [Producer({**base, "transactional.id": f"{topic}-{kind}-{uuid.uuid4().hex[:6]}"})
-                 for kind in ("commit", "abort")]
+def transactional_producers(topic: str, count: int = 2) -> list[Producer]:
+    """The topic's transactional producers: the same ids every time (a producer that aborted in one
+    iteration commits in the next; a new one fences the previous instance of its id)."""
+    producers = [Producer({"bootstrap.servers": kafka_bootstrap(), "linger.ms": 5, "transactional.id": f"{topic}-{n}"})
+                 for n in range(count)]
     for p in producers:
         p.init_transactions(30)
+    return producers
+
+
+def write_transaction(producer: Producer, topic: str, partitions: int, size: int, rng: random.Random,
+                      codec: Codec) -> None:
+    """Begin a transaction and write `size` unique records to it (about 0.3% of them invalid)."""
+    producer.begin_transaction()
+    for _ in range(size):
+        value = (b"{not json" if rng.random() < 0.003 else
+                 codec.encode({"id": uuid.uuid4().hex, "page": rng.choice(PAGES), "amount": rng.randint(1, 1000)}))
+        producer.produce(topic, value=value, partition=rng.randrange(partitions))
+    producer.flush(60)
+
+
+def produce(topic: str, partitions: int, count: int, rng: random.Random, open_txn: bool,
+            codec: Codec) -> Producer | None:
+    """Unique records in transactions of two producers, each committing two in three of its transactions
+    and aborting the third (one transactional id aborts and later commits, as exactly-once producers do).
+
+    Returns, if asked, one of them with a transaction left open (to be committed after the plan).
+    """
+    producers = transactional_producers(topic)
     written = 0
     while written < count:
         size = min(rng.randint(50, 500), count - written)
-        producer = producers[1] if rng.random() < 1 / 3 else producers[0]
-        producer.begin_transaction()
-        for _ in range(size):
-            value = (b"{not json" if rng.random() < 0.003 else
-                     codec.encode({"id": uuid.uuid4().hex, "page": rng.choice(PAGES), "amount": rng.randint(1, 1000)}))
-            producer.produce(topic, value=value, partition=rng.randrange(partitions))
-        producer.flush(60)
-        producer.abort_transaction() if producer is producers[1] else producer.commit_transaction()
+        producer = rng.choice(producers)
+        write_transaction(producer, topic, partitions, size, rng, codec)
+        producer.abort_transaction() if rng.random() < 1 / 3 else producer.commit_transaction()
         written += size
     if not open_txn:
         return None
-    late = Producer({**base, "transactional.id": f"{topic}-late-{uuid.uuid4().hex[:6]}"})
-    late.init_transactions(30)
-    late.begin_transaction()
-    for _ in range(100):
-        late.produce(topic, value=codec.encode({"id": uuid.uuid4().hex, "page": "/late", "amount": 1}),
-                     partition=rng.randrange(partitions))
-    late.flush(30)
+    late = rng.choice(producers)
+    write_transaction(late, topic, partitions, 100, rng, codec)
     return late
 
 
@@ -234,14 +249,19 @@ class Memory:
         self.records.update({(p, o): v for p, o, v in committed_records(topic, ends)})
 
 
-def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory, codec: Codec) -> list[str]:
-    """Every invariant of the module docstring; returns the violations."""
-    violations = []
+def watch_positions(pipeline: str, memory: Memory) -> tuple[dict, list[str]]:
+    """The pipeline's positions now, and a violation for each that moved back since `memory` last saw it."""
     positions = {(t, p): o for t, p, o in sql(
         "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", pipeline)}
-    for key, before in memory.positions.items():
-        if positions.get(key, 0) < before:
-            violations.append(f"position of {key} moved back from {before} to {positions.get(key)}")
+    violations = [f"position of {key} moved back from {before} to {positions.get(key)}"
+                  for key, before in memory.positions.items() if positions.get(key, 0) < before]
+    memory.positions.update(positions)
+    return positions, violations
+
+
+def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory, codec: Codec) -> list[str]:
+    """Every invariant of the module docstring; returns the violations."""
+    positions, violations = watch_positions(pipeline, memory)
     # Records may be skipped as lost only where the suite deleted them (on_data_loss: skip).
     lost = sql("SELECT partition, lost_from, lost_until FROM kafka_batch.data_loss WHERE pipeline = %s", pipeline)
     for partition, lo, hi in lost:
@@ -301,7 +321,6 @@ def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory, cod
                 " AND state LIKE 'idle in transaction%%'", APP)[0][0]
     if stuck:
         violations.append(f"{stuck} session(s) left idle in transaction")
-    memory.positions.update(positions)
     return violations
 
 
@@ -611,6 +630,162 @@ SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-after-commit"
              "retention-skip", "retention-fail", "kill-reading:avro"]
 
 
+# --- the soak: everything at once, for minutes ---------------------------------------------------------
+
+SOAK_FAULTS = ("kill-run", "terminate-sessions", "race", "broker-restart", "pg-restart")
+RESTARTED = {"broker-restart": "kafka", "pg-restart": "postgres"}  # the local service each restarts
+
+
+class SoakProducer(threading.Thread):
+    """Writes all along: transactions of two transactional ids, each aborting a third of its own and
+    committing the rest, now and then one held open for seconds (across a batch's plan). When the broker
+    restarts under it, new producers take the same ids (fencing the old ones, whose open transaction the
+    broker then aborts)."""
+
+    def __init__(self, topic: str, partitions: int, codec: Codec, seed: int, stop: threading.Event):
+        super().__init__(daemon=True, name=f"produce {topic}")
+        self.topic, self.partitions, self.codec, self.stop = topic, partitions, codec, stop
+        self.rng = random.Random(seed)
+        self.records = self.errors = 0
+
+    def run(self) -> None:
+        producers = None
+        while not self.stop.is_set():
+            try:
+                producers = producers or transactional_producers(self.topic)
+                producer = self.rng.choice(producers)
+                size = self.rng.randint(20, 200)
+                write_transaction(producer, self.topic, self.partitions, size, self.rng, self.codec)
+                if self.rng.random() < 0.1:
+                    self.stop.wait(self.rng.uniform(1, 5))
+                producer.abort_transaction(30) if self.rng.random() < 1 / 3 else producer.commit_transaction(30)
+                self.records += size
+                self.stop.wait(self.rng.uniform(0.05, 0.3))
+            except KafkaException:
+                self.errors += 1
+                producers = None
+                self.stop.wait(1)
+
+
+class SoakRunner(threading.Thread):
+    """Runs the pipeline's batches one after the other until told to stop."""
+
+    def __init__(self, pipeline: str, env: dict, stop: threading.Event):
+        super().__init__(daemon=True, name=f"run {pipeline}")
+        self.pipeline, self.env, self.stop = pipeline, env, stop
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.proc = start_run(self.pipeline, f"soak-{self.runs}", self.env)
+            self.proc.wait()
+            self.runs += 1
+
+
+def soak(seconds: float, every: float, partitions: int, rng: random.Random, env: dict,
+         pipelines_dir: Path) -> dict[str, Outcome]:
+    """Producers write all the time, a pipeline per format (JSON, Avro; every sink each) runs batch after
+    batch, and every `every` seconds a fault strikes (the faults in turn, each target at random); then
+    the producers stop, the pipelines catch up without faults and the checker runs."""
+    stop = threading.Event()
+    pipelines = {}
+    for encoding in ("json", "avro"):
+        name = f"chaos_soak_{encoding}_{uuid.uuid4().hex[:6]}"
+        topic, tables, path = create_pipeline(name, encoding, partitions, pipelines_dir)
+        codec = Codec(topic, encoding == "avro")
+        pipelines[f"soak:{encoding}"] = (name, topic, tables, path, codec, Memory(),
+                                         SoakProducer(topic, partitions, codec, rng.randrange(2**32), stop),
+                                         SoakRunner(name, env, stop))
+    results = {key: Outcome(iterations=1) for key in pipelines}
+    for *_, producer, runner in pipelines.values():
+        producer.start()
+        runner.start()
+    racing: list[subprocess.Popen] = []
+    started = time.monotonic()
+    faults = list(SOAK_FAULTS)
+    for n in itertools.count():
+        time.sleep(max(0.0, started + (n + 1) * every - time.monotonic()))
+        if time.monotonic() - started >= seconds:
+            break
+        fault, key = faults[n % len(faults)], rng.choice(sorted(pipelines))
+        if n % len(faults) == len(faults) - 1:
+            rng.shuffle(faults)
+        name, *_, memory, _, runner = pipelines[key]
+        for other, (other_name, *_, other_memory, _, _) in pipelines.items():
+            results[other].violations += watch_positions(other_name, other_memory)[1]
+        landed = {key}
+        if fault == "kill-run":
+            proc = runner.proc
+            if proc is None or proc.poll() is not None:
+                landed = set()
+            else:
+                kill_group(proc)
+        elif fault == "terminate-sessions":
+            landed = set(pipelines) if terminate_sessions() else set()
+        elif fault == "race":
+            racing.append(start_run(name, f"soak-race-{n}", env))
+        else:
+            local_stack.restart(RESTARTED[fault])
+            landed = set(pipelines)
+        for hit in landed:
+            results[hit].faults[fault] += 1
+        print(f"soak {time.monotonic() - started:.0f}s: {fault} on {key if landed == {key} else 'all'}"
+              f" (load {os.getloadavg()[0]:.1f})", flush=True)
+    stop.set()
+    for *_, producer, runner in pipelines.values():
+        producer.join(120)
+        runner.join(600)
+    for proc in racing:
+        proc.wait()
+    for key, (name, topic, tables, path, codec, memory, producer, runner) in pipelines.items():
+        outcome = results[key]
+        outcome.records = producer.records
+        took = recover(name, topic, env)
+        outcome.worst_recovery_s = took
+        if took == float("inf"):
+            outcome.violations.append(f"lag not zero within {RECOVERY_BOUND_S}s")
+        outcome.violations += check(name, topic, tables, memory, codec)
+        print(f"{key}: {runner.runs} runs, {producer.records} records produced ({producer.errors} producer errors"
+              f" recovered), faults {dict(outcome.faults)}, violations {len(outcome.violations)}", flush=True)
+        path.unlink(missing_ok=True)
+    return results
+
+
+def create_pipeline(pipeline: str, encoding: str, partitions: int, pipelines_dir: Path,
+                    on_data_loss: str | None = None) -> tuple[str, dict[str, str], Path]:
+    """A pipeline with every sink (aggregate, rows, upsert) on a new topic of JSON or Avro values, its
+    tables created before the first fault: (topic, tables, definition file)."""
+    from kafka_batch.config import load_pipeline
+    from kafka_batch.core import registry
+
+    topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records",
+                                          "upsert": f"{pipeline}_latest"}
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    definition = {
+        "name": pipeline, "topics": [topic], "schedule": None,
+        "record": ({"format": "avro", "schema": AVRO_SCHEMA} if encoding == "avro" else
+                   {"fields": {"id": "string", "page": "string", "amount": "long"}}),
+        "limits": {"max_invalid_ratio": 0.5},
+        **({"on_data_loss": on_data_loss} if on_data_loss else {}),
+        "read": {"fence_check_seconds": 1, "stall_timeout_seconds": 60},
+        "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
+                                "measures": {"n": "1", "amount": "amount"}},
+                  "rows": {"table": tables["rows"], "columns": {"id": "id", "amount": {"expr": "amount",
+                                                                                        "type": "bigint"}}},
+                  "upsert": {"table": tables["upsert"], "key": {"bucket": "substr(id, 1, 2)"},
+                             "columns": {"id": "id", "amount": {"expr": "amount", "type": "bigint"}},
+                             "delete_when": f"amount <= {UPSERT_DELETE_AT_MOST}"}},
+    }
+    path = pipelines_dir / f"{pipeline}.yaml"
+    path.write_text(yaml.safe_dump(definition, sort_keys=False))
+    conn = psycopg2.connect(**pg_params())
+    registry.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))
+    conn.close()
+    return topic, tables, path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2, help="per scenario")
@@ -619,14 +794,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
+    parser.add_argument("--soak", type=float, default=0, metavar="SECONDS",
+                        help="after the scenarios: producers, batches and faults all at once for this long")
+    parser.add_argument("--fault-every", type=float, default=15, metavar="SECONDS", help="in the soak")
     parser.add_argument("--recover-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
                         help="how the fault-free runs after a strike reach Spark (spark-connect: the server of "
                         "`kafka-batch local up`; strikes always go through spark-submit)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = chaos_environment()
-    from kafka_batch.config import load_pipeline  # setup only: schema and tables exist before the first fault
-    from kafka_batch.core import database, registry
+    from kafka_batch.core import database  # setup only: the schema exists before the first fault
 
     conn = psycopg2.connect(**pg_params())
     database.apply_migrations(conn)
@@ -636,34 +813,14 @@ def main(argv: list[str] | None = None) -> int:
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
     recovery_env = env if args.recover_on == "spark-submit" else connect_environment(env)
     results = {}
-    for name in args.scenarios.split(","):
+    for name in filter(None, args.scenarios.split(",")):
         outcome = results[name] = Outcome()
         strike, _, encoding = name.partition(":")
         pipeline = f"chaos_{strike.replace('-', '_')}{'_' + encoding if encoding else ''}_{uuid.uuid4().hex[:6]}"
-        topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records",
-                                              "upsert": f"{pipeline}_latest"}
+        topic, tables, path = create_pipeline(pipeline, encoding, args.partitions, pipelines_dir,
+                                              strike.removeprefix("retention-") if strike.startswith("retention-")
+                                              else None)
         admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-        admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
-        definition = {
-            "name": pipeline, "topics": [topic], "schedule": None,
-            "record": ({"format": "avro", "schema": AVRO_SCHEMA} if encoding == "avro" else
-                       {"fields": {"id": "string", "page": "string", "amount": "long"}}),
-            "limits": {"max_invalid_ratio": 0.5},
-            **({"on_data_loss": strike.removeprefix("retention-")} if strike.startswith("retention-") else {}),
-            "read": {"fence_check_seconds": 1, "stall_timeout_seconds": 60},
-            "sinks": {"aggregate": {"table": tables["aggregate"], "group_by": {"page": "page"},
-                                    "measures": {"n": "1", "amount": "amount"}},
-                      "rows": {"table": tables["rows"], "columns": {"id": "id", "amount": {"expr": "amount",
-                                                                                            "type": "bigint"}}},
-                      "upsert": {"table": tables["upsert"], "key": {"bucket": "substr(id, 1, 2)"},
-                                 "columns": {"id": "id", "amount": {"expr": "amount", "type": "bigint"}},
-                                 "delete_when": f"amount <= {UPSERT_DELETE_AT_MOST}"}},
-        }
-        path = pipelines_dir / f"{pipeline}.yaml"
-        path.write_text(yaml.safe_dump(definition, sort_keys=False))
-        conn = psycopg2.connect(**pg_params())
-        registry.ensure_pipeline(conn, load_pipeline(pipeline, pipelines_dir))  # setup: the tables exist before the first fault
-        conn.close()
         memory = Memory()
         codec = Codec(topic, encoding == "avro")
         try:
@@ -692,6 +849,8 @@ def main(argv: list[str] | None = None) -> int:
             path.unlink(missing_ok=True)
             if not outcome.violations:  # a topic with a violation stays, to be looked into
                 admin.delete_topics([topic], operation_timeout=60)[topic].result()
+    if args.soak:
+        results.update(soak(args.soak, args.fault_every, args.partitions, rng, recovery_env, pipelines_dir))
     shutil.rmtree(pipelines_dir, ignore_errors=True)
     rows = [(name, o.iterations, ", ".join(f"{k}: {v}" for k, v in sorted(o.faults.items())) or "0",
              o.records, len(o.violations), f"{o.worst_recovery_s:.0f}") for name, o in results.items()]

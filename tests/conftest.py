@@ -77,13 +77,16 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
     env = _external_env(base)
     started = env is None
     if started:
-        env = local_stack.up(base, spark_connect=True)
+        env = local_stack.up(base, spark_connect=True)  # checks the broker's transactional answers too
         postgres = json.loads(env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
         env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] = json.dumps({**postgres, "password": FAKE_PASSWORD})
+        # noida-db itself, without its front: what the tests of the check and of its refusal read from.
+        env["KAFKA_BATCH_TEST_RAW_BROKER"] = f"127.0.0.1:{local_stack.read_state(base)['kafka_broker_port']}"
     else:
         env["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"] = _schema_registry(base)
         (base / "airflow").mkdir()
         local_stack.migrate_airflow(base, env)
+        local_stack.check_kafka(env)  # as `local up` does for its broker: the cluster's verdict is recorded
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines)
     # How test pipelines reach Spark unless a test says otherwise (helpers.new_pipeline): a Spark Connect
     # server started once, or spark-submit (against services given by address).

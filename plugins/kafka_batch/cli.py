@@ -28,9 +28,9 @@ from tabulate import tabulate
 
 from kafka_batch import connections, timings
 from kafka_batch.config import load_pipeline, optional_time_ms
-from kafka_batch.core import database, inspection, planning, quarantine, report, resets
+from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
-from kafka_batch.errors import KafkaBatchError, ServiceError, one_line
+from kafka_batch.errors import KafkaBatchError, ServiceError, UnsafeBroker, one_line
 from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets
 from kafka_batch.spark.execution import batch_execution
 
@@ -331,6 +331,22 @@ def cmd_quarantine(args) -> int:
     return 0
 
 
+def cmd_check_kafka(args) -> int:
+    if args.pipeline:
+        pipeline = load_pipeline(args.pipeline)
+        kafka_conn, postgres_conn = pipeline.connections.kafka, pipeline.connections.postgres
+    else:
+        kafka_conn, postgres_conn = args.kafka_conn, args.postgres_conn
+    kafka = connections.kafka_config(connections.from_environment(kafka_conn))
+    conn = database.connect(connections.postgres_params(connections.from_environment(postgres_conn)))
+    try:
+        check = kafka_checks.check_and_record(conn, kafka)
+    finally:
+        conn.close()
+    print("\n".join(kafka_checks.describe(check)))
+    return 0 if check.reads_safe else UnsafeBroker.exit_code
+
+
 def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
@@ -401,6 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True)
     p.add_argument("--execute", action="store_true", help="apply the reset (default: show it only)")
     p.set_defaults(func=cmd_reset)
+    p = sub.add_parser("check-kafka", help="check that a Kafka cluster's read_committed answers are right (writes"
+                       " a topic of its own, then deletes it) and record the verdict batches go by")
+    p.add_argument("--pipeline", help="the pipeline whose Kafka and Postgres connections to use")
+    p.add_argument("--kafka-conn", default="kafka_default", help="without --pipeline: the Kafka connection id")
+    p.add_argument("--postgres-conn", default="kafka_batch_postgres",
+                   help="without --pipeline: where the verdict is recorded")
+    p.set_defaults(func=cmd_check_kafka)
     p = sub.add_parser("local", help="start/stop the embedded local services (up --airflow: with Airflow's servers)")
     p.add_argument("action", choices=["up", "down", "env"])
     p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "

@@ -46,10 +46,17 @@ class DataLossError(ServiceError):
     retryable = False
 
 
+class UnsafeBroker(KafkaBatchError):
+    """The Kafka cluster's transactional check found that its read_committed answers can skip or show
+    the wrong records: a batch would move positions past what it did not read. Retrying cannot help."""
+
+    exit_code = 6
+
+
 # Messages of records a pipeline cannot process start with this (raised inside Spark, found by the job).
 INVALID_RECORD = "invalid record"
 
-KINDS = (InputError, StateError, ServiceError, DataLossError)
+KINDS = (InputError, StateError, ServiceError, DataLossError, UnsafeBroker)
 
 
 def from_exit_code(code: int, message: str) -> KafkaBatchError:
@@ -88,7 +95,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def _label(exc: KafkaBatchError) -> str:
-    for kind, label in ((DataLossError, "data loss"), (ServiceError, "unavailable"), (StateError, "refused"),
+    for kind, label in ((UnsafeBroker, "unsafe broker"), (DataLossError, "data loss"), (ServiceError, "unavailable"), (StateError, "refused"),
                         (InputError, "invalid input")):
         if isinstance(exc, kind):
             return label

@@ -57,7 +57,8 @@ class PartitionOffsets:
     last_stable: int
 
 
-def _admin_config(config: dict[str, Any]) -> dict[str, Any]:
+def admin_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The connection's settings that an admin client or a producer takes (none of the consumer's)."""
     return {k: v for k, v in config.items() if k not in _ADMIN_KEYS_IGNORED and not k.startswith(("fetch.", "queued."))}
 
 
@@ -65,7 +66,7 @@ class KafkaOffsets:
     """What the planner asks Kafka: which partitions exist and which offsets are readable."""
 
     def __init__(self, config: dict[str, Any], timeout: float = 30.0):
-        self._admin = AdminClient({**_admin_config(config), "logger": LIBRDKAFKA_LOG, "error_cb": self._on_error})
+        self._admin = AdminClient({**admin_config(config), "logger": LIBRDKAFKA_LOG, "error_cb": self._on_error})
         self._timeout = timeout
         self._refused: str | None = None  # why the broker refused the connection's credentials
 
@@ -79,6 +80,13 @@ class KafkaOffsets:
         if self._refused:
             return InputError(f"Kafka refused the credentials of the connection: {self._refused}")
         return ServiceError(f"{what}: {exc.args[0].str() if exc.args else exc}")
+
+    def cluster_id(self) -> str:
+        """The cluster's id, which the transactional check's verdict is kept under."""
+        try:
+            return self._admin.describe_cluster(request_timeout=self._timeout).result().cluster_id
+        except KafkaException as exc:
+            raise self._unavailable(f"Kafka did not describe its cluster within {self._timeout:.0f}s", exc) from None
 
     def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
         """The partitions of the named topics, or of every topic whose whole name matches `pattern`."""

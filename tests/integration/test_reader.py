@@ -70,6 +70,8 @@ def test_open_transaction_bounds_the_plan_and_aborted_records_are_skipped(transa
         (4, 6, []),          # only aborted records
         (6, 9, [7]),         # starts on a marker, ends after the last marker
         (8, 9, []),          # only the final commit marker
+        (7, 9, [7]),         # starts after an aborted transaction of the same producer
+        (5, 9, [7]),         # starts inside it
     ],
 )
 def test_ranges_on_markers_complete_without_hanging(transactional_topic, start, until, expected):
@@ -95,29 +97,38 @@ def test_ranges_on_markers_end_without_waiting_out_the_poll_timeout(transactiona
     assert time.monotonic() - started < 15  # a read waiting for offsets without records takes >= 30 s
 
 
-@pytest.fixture
-def transactional_partitions(services):
+@pytest.fixture(params=["one transactional id", "two transactional ids"])
+def transactional_partitions(services, request):
     """Three partitions written by committed and aborted transactions (markers in each), then plain
-    records on partition 2; returns the topic and each partition's end."""
+    records on partition 2; returns the topic, each partition's end and the (partition, offset) of every
+    committed record, from the delivery reports. One producer commits and aborts
+    (as exactly-once producers do), or a second one aborts."""
     topic = f"txn3_{uuid.uuid4().hex[:8]}"
     create_topic(topic, 3)
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic})
-    aborter = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic + "_a"})
     producer.init_transactions(30)
-    aborter.init_transactions(30)
+    aborter = producer
+    if request.param == "two transactional ids":
+        aborter = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic + "_a"})
+        aborter.init_transactions(30)
+    committed: set[tuple[int, int]] = set()
     for n in range(4):
         for p, txn in ((producer, True), (aborter, False)):
+            delivered: set[tuple[int, int]] = set()
             p.begin_transaction()
             for i in range(5 + n):
-                p.produce(topic, value=f"{txn}-{n}-{i}".encode(), partition=i % 3)
+                p.produce(topic, value=f"{txn}-{n}-{i}".encode(), partition=i % 3,
+                          on_delivery=lambda _, m, into=delivered: into.add((m.partition(), m.offset())))
             p.flush(30)
             p.commit_transaction() if txn else p.abort_transaction()
+            committed |= delivered if txn else set()
     plain = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
     for i in range(7):
-        plain.produce(topic, value=f"plain-{i}".encode(), partition=2)
+        plain.produce(topic, value=f"plain-{i}".encode(), partition=2,
+                      on_delivery=lambda _, m: committed.add((m.partition(), m.offset())))
     plain.flush(30)
     ends = KafkaOffsets(kafka_config()).offsets([(topic, p) for p in range(3)])
-    return topic, {p: ends[(topic, p)].last_stable for p in range(3)}
+    return topic, {p: ends[(topic, p)].last_stable for p in range(3)}, committed
 
 
 def _truth(topic: str, ranges: list[OffsetRange]) -> set[tuple[int, int, int]]:
@@ -135,7 +146,7 @@ def _marker_ranges(topic: str, ends: dict[int, int]) -> list[OffsetRange]:
 
 
 def test_one_consumer_reads_ranges_of_several_partitions_as_the_ground_truth(transactional_partitions):
-    topic, ends = transactional_partitions
+    topic, ends, _ = transactional_partitions
     ranges = _marker_ranges(topic, ends)
     read = [(r.range_id, m.partition(), m.offset())
             for r, batch in read_partitions(kafka_config(), ranges, batch_size=4, poll_timeout=30, stall_timeout=60)
@@ -160,7 +171,7 @@ def test_packed_spark_tasks_read_every_range_once(transactional_partitions, spar
     from kafka_batch.ranges import pack_tasks, split_for_tasks
     from kafka_batch.spark.reader import read_ranges
 
-    topic, ends = transactional_partitions
+    topic, ends, _ = transactional_partitions
     pieces = split_for_tasks(_marker_ranges(topic, ends), max_records_per_task=6)
     tasks = pack_tasks(pieces, max_records_per_task=40, slots=2)
     assert len(tasks) < len(pieces) and any(len({(r.topic, r.partition) for r in t}) > 1 for t in tasks)
@@ -169,3 +180,15 @@ def test_packed_spark_tasks_read_every_range_once(transactional_partitions, spar
     rows = [(r["range_id"], r["partition"], r["offset"]) for r in records.select("range_id", "partition", "offset").collect()]
     assert len(rows) == len(set(rows))
     assert set(rows) == _truth(topic, pieces)
+
+
+
+def test_a_read_from_any_offset_returns_every_committed_record_after_it(transactional_partitions):
+    """Reads that start anywhere (before, inside and after aborted transactions of the same producer)
+    against what the producers' delivery reports say was committed."""
+    topic, ends, committed = transactional_partitions
+    for start in range(max(ends.values()) + 1):
+        ranges = [OffsetRange(topic, p, min(start, end), end, range_id=p + 1) for p, end in ends.items()]
+        read = {(m.partition(), m.offset()) for _, chunk in read_partitions(
+            kafka_config(), ranges, poll_timeout=30, stall_timeout=60) for m in chunk}
+        assert read == {(p, o) for p, o in committed if o >= min(start, ends[p])}, f"reading from {start}"

@@ -28,8 +28,9 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def no_airflow_migration(monkeypatch):
-    # Not what these tests are about, and the slowest part of `up`.
+    # Not what these tests are about, and the slowest part of `up` (the broker's check: test_kafka_check.py).
     monkeypatch.setattr(local_stack, "migrate_airflow", lambda base, env: None)
+    monkeypatch.setattr(local_stack, "check_kafka", lambda env: None)
 
 
 @pytest.fixture
@@ -45,11 +46,11 @@ def private_dir():
 
 
 def processes(base: Path) -> tuple[int, set[int], set[int]]:
-    """The postmaster, every Postgres process and every broker process started for `base`."""
+    """The postmaster, every Postgres process and every broker process (its front's too) started for `base`."""
     postmaster = local_stack._postmaster_pid(base / "postgres")
-    broker = local_stack.read_state(base)["kafka_pid"]
-    return (postmaster, local_stack._family({postmaster}, {postmaster}),
-            local_stack._family({broker}, {broker}))
+    state = local_stack.read_state(base)
+    broker = {state["kafka_pid"], state["kafka_broker_pid"]}
+    return postmaster, local_stack._family({postmaster}, {postmaster}), local_stack._family(broker, broker)
 
 
 def status_ids(pid: int) -> dict[str, list[str]]:
@@ -108,7 +109,7 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
         local_stack.up(base, spark_connect=False)
         postmaster, pg_processes, broker_processes = processes(base)
         broker_processes.add(int(wait_for_file(child_file)))
-        assert len(broker_processes) == 2 and len(pg_processes) > 1
+        assert len(broker_processes) == 3 and len(pg_processes) > 1  # the front, the broker and its child
         os.kill(postmaster, signal.SIGSTOP)  # pg_ctl stop -m fast and -m immediate both time out
 
         started = time.monotonic()
@@ -120,6 +121,7 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
         assert "the Kafka broker ignored SIGTERM" in err
         assert "Postgres did not stop with pg_ctl -m fast nor -m immediate" in err
         assert "kafka_pid" not in local_stack.read_state(base)
+        assert "kafka_broker_pid" not in local_stack.read_state(base)
     finally:
         if postmaster and not gone(postmaster):
             os.kill(postmaster, signal.SIGCONT)

@@ -28,3 +28,11 @@ def test_spark_connects_sqlstate_suffix_is_dropped_and_other_errors_stay_as_they
     assert isinstance(error, ServiceError) and str(error) == "t[0] range 0..10: no progress for 120s"
     assert raised_in_task(RuntimeError("java.lang.OutOfMemoryError: Java heap space")) is None
     assert raised_in_task(RuntimeError("mymodule.errors.DataLossError: not ours")) is None
+
+
+def test_an_unsafe_broker_is_its_own_kind_never_retried():
+    from kafka_batch.errors import UnsafeBroker, from_exit_code
+
+    error = from_exit_code(6, "batch 3 reads nothing and commits nothing: ...")
+    assert isinstance(error, UnsafeBroker) and not error.retryable
+    assert one_line(error) == "kafka-batch: unsafe broker: batch 3 reads nothing and commits nothing: ..."

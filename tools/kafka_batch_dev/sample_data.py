@@ -33,7 +33,8 @@ def _producer(config: dict[str, Any]) -> Producer:
     })
 
 
-def _send(producer: Producer, topic: str, key: str | bytes, value: str | bytes | None, **more: Any) -> None:
+def send(producer: Producer, topic: str, key: str | bytes, value: str | bytes | None, **more: Any) -> None:
+    """Produce one record, waiting while the producer's queue is full."""
     while True:
         try:
             producer.produce(topic, key=key, value=value, **more)
@@ -43,8 +44,8 @@ def _send(producer: Producer, topic: str, key: str | bytes, value: str | bytes |
     producer.poll(0)
 
 
-def _flush(producer: Producer, topic: str) -> None:
-    remaining = producer.flush(60)
+def flush(producer: Producer, topic: str, timeout: float = 60) -> None:
+    remaining = producer.flush(timeout)
     if remaining:
         raise RuntimeError(f"{remaining} records to {topic} were not delivered")
 
@@ -65,8 +66,8 @@ def produce_page_views(
     for i in range(count):
         key, value = page_view(rng, users)
         timestamp = None if start_ms is None else start_ms + i * spacing_ms
-        _send(producer, topic, key, json.dumps(value), **({} if timestamp is None else {"timestamp": timestamp}))
-    _flush(producer, topic)
+        send(producer, topic, key, json.dumps(value), **({} if timestamp is None else {"timestamp": timestamp}))
+    flush(producer, topic)
 
 
 # The Avro page view, version 1, and version 2 with a field added with a default (the sample's reader view).
@@ -104,8 +105,8 @@ def produce_page_views_avro(config: dict[str, Any], registry: dict[str, Any], to
         view["viewed_at"] = datetime.fromtimestamp((start_ms + i * 1000) / 1000, UTC)
         if i >= changed_at:
             view["country"] = rng.choice(COUNTRIES)
-        _send(producer, topic, key, versions[i >= changed_at](view, context))
-    _flush(producer, topic)
+        send(producer, topic, key, versions[i >= changed_at](view, context))
+    flush(producer, topic)
 
 
 NAMES = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Margaret", "Niklaus"]
@@ -125,8 +126,8 @@ def produce_customers(config: dict[str, Any], topic: str, count: int, seed: int 
     for i in range(count):
         key = f"c{rng.randrange(customers):05d}"
         value = None if rng.random() < delete_share else json.dumps(customer(rng, key, 1_700_000_000_000 + i))
-        _send(producer, topic, key, value)
-    _flush(producer, topic)
+        send(producer, topic, key, value)
+    flush(producer, topic)
 
 
 def produce_customer_changes(config: dict[str, Any], topic: str, count: int, table: dict[str, dict],
@@ -153,11 +154,11 @@ def produce_customer_changes(config: dict[str, Any], topic: str, count: int, tab
                             "ts_ms": 1_700_000_000_000 + lsn, "snapshot": "false"}}
         message_key = json.dumps({"schema": {"type": "struct", "name": "shop.public.customers.Key"},
                                   "payload": {"customer_id": key}})
-        _send(producer, topic, message_key, json.dumps({"schema": {"type": "struct", "name": "shop.public.customers.Envelope"},
+        send(producer, topic, message_key, json.dumps({"schema": {"type": "struct", "name": "shop.public.customers.Envelope"},
                                                         "payload": event}))
         if op == "d":
-            _send(producer, topic, message_key, None)
-    _flush(producer, topic)
+            send(producer, topic, message_key, None)
+    flush(producer, topic)
 
 
 def _row(state: dict | None) -> dict | None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from kafka_batch import connections, timings
 from kafka_batch.config import Pipeline
-from kafka_batch.core import attempts, batches, data_loss, database
+from kafka_batch.core import attempts, batches, data_loss, database, kafka_checks
 from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
 from kafka_batch.errors import (
     INVALID_RECORD,
@@ -40,13 +40,13 @@ from kafka_batch.spark.transform import invalid_records, parse_records
 log = logging.getLogger("kafka_batch.job")
 
 
-def _recheck_retention(conn, kafka: dict, on_data_loss: str, ranges) -> list[OffsetRange]:
+def _recheck_retention(conn, kafka: KafkaOffsets, on_data_loss: str, ranges) -> list[OffsetRange]:
     """Before Spark starts: fail, or under `skip` record, any part of the plan deleted since planning.
 
     Deletion during the read itself surfaces in the reader as DataLossError and fails the attempt;
     the next attempt lands here and sees it.
     """
-    offsets = KafkaOffsets(kafka).offsets([(r.topic, r.partition) for r in ranges])
+    offsets = kafka.offsets([(r.topic, r.partition) for r in ranges])
     checked = []
     for r in ranges:
         now = recheck_retention(r, offsets[(r.topic, r.partition)].log_start, on_data_loss)
@@ -246,9 +246,11 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     """Read the batch's ranges once and let every sink compute its result from the parsed records."""
     conn = database.connect(postgres)
     try:
+        cluster = KafkaOffsets(kafka)
+        kafka_checks.refuse_unsafe_reads(conn, cluster.cluster_id(), batch.id)
         # A replay recomputes what was read; records deleted since cannot be recomputed.
         policy = pipeline.on_data_loss if batch.kind == "batch" else "fail"
-        ranges = _recheck_retention(conn, kafka, policy, batch.ranges)
+        ranges = _recheck_retention(conn, cluster, policy, batch.ranges)
     finally:
         conn.close()
     limits = pipeline.limits

@@ -1,0 +1,167 @@
+"""The local broker's front against noida-db itself: read_committed reads from any offset return exactly
+the committed records, however producers abort and commit; noida-db alone does not (the reason the
+front exists). The expectation is what the producers know they committed (their delivery reports)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from kafka_batch_dev import local_stack
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """noida-db and its front, started as `kafka-batch local up` starts them: (state, base)."""
+    base = Path(tempfile.mkdtemp(prefix="kafka_batch_front_"))
+    state: dict = {}
+    local_stack.start_kafka(base, state)
+    try:
+        yield state, base
+    finally:
+        local_stack.stop_kafka(state)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def address(state: dict, key: str) -> str:
+    return f"127.0.0.1:{state[f'{key}_port']}"
+
+
+class Producers:
+    """Two transactional producers that each commit and abort (as exactly-once producers do) and one
+    plain producer, interleaved; `committed` is what their delivery reports say was committed."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, seed: int):
+        self.topic, self.partitions, self.rng = topic, partitions, random.Random(seed)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the result: its handle serves it
+        admin.create_topics([NewTopic(topic, partitions)])[topic].result()
+        self.transactional = [Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-{i}",
+                                        "linger.ms": 1}) for i in range(2)]
+        self.plain = Producer({"bootstrap.servers": bootstrap})
+        for producer in self.transactional:
+            producer.init_transactions(30)
+        self.committed: dict[tuple[int, int], bytes] = {}
+        self.open: dict[int, dict] = {}
+
+    def _send(self, producer: Producer, into: dict, count: int) -> None:
+        def delivered(error, message):
+            assert error is None, error
+            into[(message.partition(), message.offset())] = message.value()
+
+        for _ in range(count):
+            producer.produce(self.topic, value=uuid.uuid4().bytes, partition=self.rng.randrange(self.partitions),
+                             on_delivery=delivered)
+        producer.flush(30)
+
+    def step(self) -> None:
+        which = self.rng.randrange(3)
+        if which == 2:
+            self._send(self.plain, self.committed, self.rng.randint(1, 4))
+            return
+        producer = self.transactional[which]
+        if which not in self.open:
+            producer.begin_transaction()
+            self.open[which] = {}
+        self._send(producer, self.open[which], self.rng.randint(1, 6))
+        if self.rng.random() < 0.5:
+            self.end(which, commit=self.rng.random() < 0.6)
+
+    def end(self, which: int, commit: bool) -> None:
+        records = self.open.pop(which)
+        if commit:
+            self.transactional[which].commit_transaction(30)
+            self.committed.update(records)
+        else:
+            self.transactional[which].abort_transaction(30)
+
+
+def read(bootstrap: str, topic: str, partition: int, start: int) -> dict[tuple[int, int], bytes]:
+    """Every record a read_committed consumer sees from `start` to the partition's end."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "isolation.level": "read_committed",
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, partition, start)])
+    found = {}
+    try:
+        while True:
+            message = consumer.poll(10)
+            assert message is not None, f"{topic}[{partition}] from {start}: no end of partition within 10 s"
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                return found
+            found[(partition, message.offset())] = message.value()
+    finally:
+        consumer.close()
+
+
+def mismatches(bootstrap: str, producers: Producers, starts_per_partition: int) -> list[tuple[int, int]]:
+    """(partition, start) of the reads from `bootstrap` that differ from the committed records, the
+    starts taken in random order (so the front often meets a partition first in the middle)."""
+    wrong = []
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = [TopicPartition(producers.topic, p) for p in range(producers.partitions)]
+    ends = [admin.list_offsets({tp: spec for tp in partitions}, isolation_level=IsolationLevel.READ_COMMITTED)
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest())]  # reads end at an open transaction
+    for partition, tp in enumerate(partitions):
+        start, end = (offsets[tp].result().offset for offsets in ends)
+        starts = list(range(start, end + 1, max(1, (end - start) // starts_per_partition)))
+        producers.rng.shuffle(starts)
+        for start in starts:
+            expected = {k: v for k, v in producers.committed.items() if k[0] == partition and start <= k[1] < end}
+            if read(bootstrap, producers.topic, partition, start) != expected:
+                wrong.append((partition, start))
+    return wrong
+
+
+def test_reads_from_any_offset_return_the_committed_records_as_producers_abort_and_commit(broker):
+    state, _ = broker
+    producers = Producers(address(state, "kafka"), f"front_{uuid.uuid4().hex[:8]}", partitions=2, seed=5)
+    for _ in range(60):
+        producers.step()
+    # A transaction still open: reads stop before it (the last stable offset), whatever its producer did before.
+    assert producers.open or producers.step() or producers.open
+    assert mismatches(address(state, "kafka"), producers, 20) == []
+    for which in list(producers.open):
+        producers.end(which, commit=True)
+    for _ in range(30):
+        producers.step()
+    for which in list(producers.open):
+        producers.end(which, commit=False)
+    assert mismatches(address(state, "kafka"), producers, 20) == []
+    # noida-db itself answers otherwise: without the front, these reads skip committed records.
+    assert mismatches(address(state, "kafka_broker"), producers, 20)
+
+
+def test_reads_stay_right_after_records_are_deleted_and_after_a_restart(broker):
+    state, base = broker
+    bootstrap = address(state, "kafka")
+    producers = Producers(bootstrap, f"front_{uuid.uuid4().hex[:8]}", partitions=1, seed=8)
+    producer = producers.transactional[0]
+    for commit in (True, False, True, False, True):
+        producer.begin_transaction()
+        producers.open[0] = {}
+        producers._send(producer, producers.open[0], 5)
+        producers.end(0, commit)
+    # Retention deletes the first transactions: the log now starts inside the first aborted one.
+    first_aborted = min(o for _, o in producers.committed) + 6
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(producers.topic, 0, first_aborted + 2)]).values():
+        future.result()
+    producers.committed = {k: v for k, v in producers.committed.items() if k[1] >= first_aborted + 2}
+    assert mismatches(bootstrap, producers, 10) == []
+    # A restarted broker and front (the index of markers is rebuilt from the log).
+    local_stack.stop_kafka(state)
+    local_stack.start_kafka(base, state)
+    for _ in range(20):
+        producers.step()
+    for which in list(producers.open):
+        producers.end(which, commit=True)
+    assert mismatches(address(state, "kafka"), producers, 15) == []

@@ -1,0 +1,120 @@
+"""The front's decision: which listed aborted transactions ended before a fetch (Apache Kafka lists only
+the others). Logs are built with kio's record batch writer, not the front's reader."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import struct
+
+import pytest
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
+from kio.static.primitive import i8, i16, i32, i64
+
+from kafka_batch_dev.kafka_front import TransactionMarkers, kafka_listing, record_batches
+
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+TRANSACTIONAL, CONTROL = 0x10, 0x20
+
+
+def batch(producer: int, offsets: range, marker: str | None = None) -> bytes:
+    """Data records at `offsets`, or one transaction marker ("abort" / "commit") at offsets[0]."""
+    key = None if marker is None else struct.pack(">hh", 0, {"abort": 0, "commit": 1}[marker])
+    records = tuple(Record(attributes=i8(0), timestamp=T0, offset=i64(o), key=key, value=None if marker else b"v",
+                           headers=()) for o in offsets)
+    buffer = io.BytesIO()
+    write_new_batch(buffer, NewRecordBatch(producer_id=i64(producer), producer_epoch=i16(0), base_sequence=i32(0),
+                                           records=records,
+                                           attributes=i16(TRANSACTIONAL | (CONTROL if marker else 0))))
+    return buffer.getvalue()
+
+
+# Producer 7: committed 0-2 (marker 3), aborted 4-5 (marker 6), committed 7 (marker 8).
+# Producer 9, interleaved: aborted 9 (marker 10); producer 11: open from 11.
+LOG = [batch(7, range(0, 3)), batch(7, range(3, 4), "commit"), batch(7, range(4, 6)), batch(7, range(6, 7), "abort"),
+       batch(7, range(7, 8)), batch(7, range(8, 9), "commit"), batch(9, range(9, 10)),
+       batch(9, range(10, 11), "abort"), batch(11, range(11, 13))]
+
+
+def markers_from(start: int) -> TransactionMarkers:
+    """The markers of LOG as read from `start` (the log start, after a deletion)."""
+    known = TransactionMarkers(start)
+    known.add(b"".join(b for b in LOG if next(record_batches(b))[1] >= start))
+    return known
+
+
+def test_the_log_is_walked_batch_by_batch_and_a_partial_batch_ends_it():
+    whole = b"".join(LOG)
+    walked = [(base, last, producer) for base, last, _, producer, _ in record_batches(whole + LOG[0][:30])]
+    assert walked[0] == (0, 2, 7) and walked[-1] == (11, 12, 11) and len(walked) == len(LOG)
+    known = markers_from(0)
+    assert known.scanned_to == 13
+    assert known.offsets == {7: [3, 6, 8], 9: [10]} and known.aborted == {7: [False, True, False], 9: [True]}
+
+
+@pytest.mark.parametrize(("producer", "first", "fetch", "ended"), [
+    (7, 4, 7, True),    # marker at 6: before the fetch, Apache Kafka would not list it
+    (7, 4, 6, False),   # the fetch starts on its marker: it overlaps
+    (7, 4, 5, False),   # the fetch starts inside it
+    (9, 9, 10, False),
+    (9, 9, 11, True),
+    (11, 11, 13, False),  # open: no marker yet
+])
+def test_a_transaction_ends_at_its_producers_next_marker(producer, first, fetch, ended):
+    known = markers_from(0)
+    assert known.settles(producer, first, fetch)
+    assert known.ended_before(producer, first, fetch, [first]) is ended
+
+
+def test_what_is_not_read_yet_does_not_settle_an_open_transaction():
+    known = TransactionMarkers(0)
+    known.add(b"".join(LOG[:3]))  # up to offset 5: producer 7's abort marker not read yet
+    assert not known.settles(7, 4, 7)
+    assert known.settles(7, 0, 7)  # its commit marker at 3 is read
+    known.add(b"".join(LOG[3:]))
+    assert known.settles(7, 4, 7) and known.ended_before(7, 4, 7, [4])
+
+
+@pytest.mark.parametrize(("start", "listed", "first", "fetch", "ended"), [
+    (5, [4], 4, 7, True),       # began before the read log, its abort marker at 6 is the producer's first there
+    (5, [4], 4, 6, False),
+    (5, [0, 4], 0, 7, True),    # not the producer's latest transaction begun before the read log
+    (7, [4], 4, 9, True),       # the producer's first marker in the read log commits: it ended before
+    (4, [2, 4], 2, 7, True),    # a later listed transaction begins before the first marker in the read log
+])
+def test_a_transaction_begun_before_the_log_start(start, listed, first, fetch, ended):
+    known = markers_from(start)
+    assert known.settles(7, first, fetch)
+    assert known.ended_before(7, first, fetch, listed) is ended
+
+
+def answer(*batches: bytes) -> bytes:
+    return b"".join(batches)
+
+
+def test_a_listed_transaction_that_ended_before_the_fetch_is_dropped_where_the_producer_commits_later():
+    # Producer 7 aborted 4-5 (marker 6), then committed 7 (marker 8); a fetch from 7 must not list its abort.
+    kept, undecided = kafka_listing([(7, 4)], answer(batch(7, range(7, 8)), batch(7, range(8, 9), "commit")), 7)
+    assert (kept, undecided) == ([], [])
+
+
+def test_an_abort_marker_ends_the_latest_listed_transaction_before_it_and_later_ones_stay():
+    kept, _ = kafka_listing([(7, 1), (7, 4), (7, 20)], answer(batch(7, range(6, 7), "abort"),
+                                                             batch(7, range(7, 8)), batch(7, range(8, 9), "commit")), 5)
+    assert kept == [(7, 4), (7, 20)]  # 1 ended before 4 began; 20 begins after the answer's last marker
+
+
+def test_an_aborted_transaction_the_broker_did_not_list_is_listed_from_its_first_batch():
+    # What noida answers once the log start lies inside an aborted transaction: its batch, no listing.
+    kept, _ = kafka_listing([], answer(batch(9, range(6, 11)), batch(9, range(11, 12), "abort"),
+                                       batch(9, range(12, 13))), 8)
+    assert kept == [(9, 6)]
+
+
+def test_a_producer_with_records_in_the_answer_and_no_marker_after_them_is_left_to_the_index():
+    kept, undecided = kafka_listing([(5, 2), (7, 1), (7, 30)], answer(batch(7, range(10, 12)), batch(5, range(12, 13))), 10)
+    assert kept == [(7, 30)] and sorted(undecided) == [(5, 2), (7, 1)]
+    # Without records of the producer in the answer, a listing is harmless, and stays as it is.
+    kept, undecided = kafka_listing([(5, 2)], answer(batch(7, range(10, 12))), 10)
+    assert (kept, undecided) == ([(5, 2)], [])

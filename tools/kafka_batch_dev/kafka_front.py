@@ -1,0 +1,490 @@
+"""A front for the local broker whose fetch answers are what Apache Kafka answers.
+
+noida-db lists, in every `read_committed` fetch response, the aborted transactions that ended before
+the fetch offset; Apache Kafka lists only those that overlap the fetched records (KIP-98). librdkafka
+skips a producer's record batches from the first offset of each listed aborted transaction until it
+meets that producer's abort marker, so a listed transaction whose marker lies before the fetch offset
+makes it drop every later batch of that producer: committed records silently lost.
+
+`kafka-batch local up` therefore runs noida on an internal port and this front on the public one. The
+front relays every request and response unchanged but for three answers:
+- Fetch (`read_committed`): an aborted transaction that started before the fetch offset is kept only if
+  it ended at or after it, as Apache Kafka does. Where it ended comes from an index of each producer's
+  transaction markers, built by reading the partition's log (`read_uncommitted`) once, then only what
+  was appended since, and only for partitions whose answers list such a transaction: a topic without
+  aborts costs nothing but the relay, and no read costs the whole log twice.
+- Metadata, FindCoordinator, DescribeCluster: the broker's address is the front's, so clients stay on it,
+  and so is the cluster id (noida's with `-front`).
+- ApiVersions: Fetch at most v12 (v13 names topics by id, and noida's ids are all zero).
+
+The index lives in memory; it is dropped when the broker closes a connection (a restarted broker may
+have lost unflushed writes, and offsets could then name other records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import dataclasses
+import datetime
+import io
+import logging
+import struct
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v12.response import FetchResponse
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+from kio.serial.readers import read_signed_varint, read_unsigned_varint
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
+
+LOG = logging.getLogger("kafka_batch_dev.kafka_front")
+
+FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 1, 3, 10, 18, 60
+ADDRESS_ANSWERS = (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER)
+FRONT_CLUSTER_SUFFIX = "-front"
+FETCH_MAX_VERSION = 12
+READ_COMMITTED = 1
+# What a connection buffers before it stops reading: a fetch answer of noida-db holds a whole backlog
+# (100 MB and more), and a small buffer would pause and resume the socket every 128 kB of it.
+STREAM_LIMIT = 16 * 1024 * 1024
+OFFSET_OUT_OF_RANGE = 1
+
+# A v2 record batch header (the Kafka message format): base offset, batch length, leader epoch, magic,
+# crc, attributes, last offset delta, base and max timestamps, producer id and epoch, base sequence, count.
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+TRANSACTIONAL, CONTROL = 0x10, 0x20
+ABORT_MARKER = 0
+
+
+def record_batches(records: bytes | memoryview) -> Iterator[tuple[int, int, int, int, bytes | memoryview]]:
+    """(base offset, last offset, attributes, producer id, the batch's records) of each whole batch."""
+    pos, end = 0, len(records)
+    while pos + BATCH_HEADER.size <= end:
+        base, length, _, magic, _, attributes, last_delta, _, _, producer_id, *_ = BATCH_HEADER.unpack_from(records, pos)
+        stop = pos + 12 + length
+        if stop > end or magic != 2:
+            return  # a partial batch at the end of a response, or a format before transactions
+        yield base, base + last_delta, attributes, producer_id, records[pos + BATCH_HEADER.size:stop]
+        pos = stop
+
+
+def control_type(body: bytes | memoryview) -> int:
+    """The type of a control batch's record (0 abort, 1 commit), from its key (version, type)."""
+    pos = read_signed_varint(body, 0)[1] + 1  # the record's length, then its attributes
+    for _ in range(3):  # timestamp delta, offset delta, key length
+        pos += read_signed_varint(body, pos)[1]
+    return struct.unpack_from(">h", body, pos + 2)[0]
+
+
+def kafka_listing(listed: list[tuple[int, int]], records: bytes | memoryview, fetch_offset: int
+                  ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The aborted transactions (producer id, first offset) Apache Kafka would list for a read_committed
+    answer from `fetch_offset` holding `records`, as far as the answer itself shows: (listed, undecided).
+
+    librdkafka pairs a producer's listed transactions with its abort markers in order. Walking the
+    answer's batches as it does: at a producer's marker, every listed transaction of that producer that
+    began before it has ended, so all but the latest are stale (ended before the fetch), and a commit
+    ends none that is listed; at an abort, the latest is the one it ends, begun no later than the
+    producer's first batch since its previous marker (noida neither lists nor filters an aborted
+    transaction that began below the log start). What is listed after a producer's last marker in the
+    answer stays, but one that began before the fetch offset, of a producer whose batches are in the
+    answer without a marker after them, is `undecided`: whether it ended before the fetch offset is in
+    the log before it (TransactionMarkers).
+    """
+    pending: dict[int, list[int]] = {}
+    for producer_id, first in sorted(listed):
+        pending.setdefault(producer_id, []).append(first)
+    runs: dict[int, int] = {}  # producer id -> its first batch since its last marker in the answer
+    marked: set[int] = set()
+    kept: list[tuple[int, int]] = []
+    for base, last, attributes, producer_id, body in record_batches(records):
+        if last < fetch_offset or not attributes & TRANSACTIONAL:
+            continue
+        if not attributes & CONTROL:
+            runs.setdefault(producer_id, base)
+            continue
+        marked.add(producer_id)
+        firsts = pending.get(producer_id, [])
+        ended = [f for f in firsts if f <= base]
+        pending[producer_id] = firsts[len(ended):]
+        run = runs.pop(producer_id, None)
+        if control_type(body) == ABORT_MARKER and (ended or run is not None):
+            kept.append((producer_id, min(f for f in (ended[-1] if ended else None, run) if f is not None)))
+    undecided = []
+    for producer_id, firsts in pending.items():
+        for first in firsts:
+            ambiguous = first < fetch_offset and producer_id in runs and producer_id not in marked
+            (undecided if ambiguous else kept).append((producer_id, first))
+    return kept, undecided
+
+
+@dataclass
+class TransactionMarkers:
+    """Each producer's transaction markers in one partition's log, read from `scanned_from` on."""
+
+    scanned_from: int
+    scanned_to: int = -1
+    offsets: dict[int, list[int]] = field(default_factory=dict)  # producer id -> marker offsets, ascending
+    aborted: dict[int, list[bool]] = field(default_factory=dict)  # producer id -> abort (True) or commit
+
+    def __post_init__(self) -> None:
+        if self.scanned_to < 0:
+            self.scanned_to = self.scanned_from
+
+    def add(self, records: bytes | memoryview) -> None:
+        """Take in the batches of a read_uncommitted read from `scanned_to`."""
+        for base, last, attributes, producer_id, body in record_batches(records):
+            if last < self.scanned_to:
+                continue
+            if attributes & CONTROL and base >= self.scanned_to:
+                self.offsets.setdefault(producer_id, []).append(base)
+                self.aborted.setdefault(producer_id, []).append(control_type(body) == ABORT_MARKER)
+            self.scanned_to = last + 1
+
+    def settles(self, producer_id: int, first_offset: int, fetch_offset: int) -> bool:
+        """Whether what is read of the log says where that aborted transaction ended, relative to the
+        fetch offset: a marker of its producer after its start, or the log read up to the fetch offset."""
+        if self.scanned_to >= fetch_offset:
+            return True
+        offsets = self.offsets.get(producer_id, ())
+        return first_offset >= self.scanned_from and bisect.bisect_right(offsets, first_offset) < len(offsets)
+
+    def ended_before(self, producer_id: int, first_offset: int, fetch_offset: int, listed: list[int]) -> bool:
+        """Whether the aborted transaction of `producer_id` that began at `first_offset` ended before
+        `fetch_offset` (given `settles`). `listed`: the first offsets of every aborted transaction of
+        that producer the answer lists.
+
+        A producer's transactions follow one another, so the first marker after a transaction's start
+        ends it. One that began before the read log (records deleted below it) can still have been
+        open there only if it is the producer's latest such one and no later listed one starts before
+        the producer's first marker, an abort, in the read log.
+        """
+        offsets = self.offsets.get(producer_id, [])
+        if first_offset >= self.scanned_from:
+            i = bisect.bisect_right(offsets, first_offset)
+            return i < len(offsets) and offsets[i] < fetch_offset
+        if first_offset != max(f for f in listed if f < self.scanned_from):
+            return True
+        if not offsets:
+            return False  # still open at the end of the read log
+        end = offsets[0]
+        if not self.aborted[producer_id][0] or any(self.scanned_from <= f < end for f in listed):
+            return True  # it ended before the read log began
+        return end < fetch_offset
+
+
+class MarkerIndex:
+    """Transaction markers per partition, read from the broker on demand through one connection."""
+
+    def __init__(self, host: str, port: int):
+        self._address = (host, port)
+        self._lock = asyncio.Lock()
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._correlation = 0
+        self.partitions: dict[tuple[str, int], TransactionMarkers] = {}
+
+    def forget(self, topics: set[str] | None = None) -> None:
+        """Drop what is known of these topics (all, if None)."""
+        self.partitions = {tp: m for tp, m in self.partitions.items() if topics is not None and tp[0] not in topics}
+
+    def _entry(self, topic: str, partition: int, log_start: int) -> TransactionMarkers | None:
+        known = self.partitions.get((topic, partition))
+        if known is not None and known.scanned_from > log_start:  # a log that begins earlier: another log
+            known = self.partitions.pop((topic, partition))
+        return known
+
+    async def markers(self, topic: str, partition: int, log_start: int, fetch_offset: int,
+                      aborted: list[tuple[int, int]]) -> TransactionMarkers:
+        """The markers of a partition, read far enough to say where each of the `aborted`
+        transactions (producer id, first offset) that began before `fetch_offset` ended."""
+        async with self._lock:
+            key = (topic, partition)
+            known = self._entry(topic, partition, log_start)
+            if known is None:
+                known = self.partitions[key] = TransactionMarkers(log_start)
+            while not all(known.settles(producer, first, fetch_offset) for producer, first in aborted):
+                records, log_start_now = await self._read(topic, partition, known.scanned_to)
+                if records is None:  # below the log start now: read from there
+                    known = self.partitions[key] = TransactionMarkers(log_start_now)
+                    continue
+                before = known.scanned_to
+                known.add(records)
+                if known.scanned_to == before:
+                    LOG.warning("%s[%d]: the log read at %d gave no batch, wanted up to %d", topic, partition,
+                                before, fetch_offset)
+                    break
+            return known
+
+    def learn(self, topic: str, partition: int, log_start: int, fetch_offset: int, records: bytes | None) -> None:
+        """Take in what a read_committed answer holds (it holds the markers too) where it continues what
+        is known, or starts at the log start: a reader that goes through the log keeps the index
+        current at no cost but walking the batch headers."""
+        if not records:
+            return
+        known = self._entry(topic, partition, log_start)
+        if known is None and fetch_offset <= log_start:
+            known = self.partitions[(topic, partition)] = TransactionMarkers(log_start)
+        if known is not None and known.scanned_from <= fetch_offset <= known.scanned_to:
+            known.add(records)
+
+    async def _read(self, topic: str, partition: int, offset: int) -> tuple[bytes | None, int]:
+        """One read_uncommitted fetch of a partition from `offset`: (records, log start), records None
+        when `offset` is below the log start."""
+        if self._connection is None:
+            self._connection = await asyncio.open_connection(*self._address, limit=STREAM_LIMIT)
+        reader, writer = self._connection
+        self._correlation += 1
+        request = FetchRequest(
+            max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), isolation_level=i8(0), forgotten_topics_data=(),
+            topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
+                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(2**31 - 1)),)),),
+        )
+        buffer = io.BytesIO()
+        entity_writer(RequestHeader)(buffer, RequestHeader(
+            request_api_key=i16(FETCH), request_api_version=i16(12), correlation_id=i32(self._correlation),
+            client_id="kafka-batch-front"))
+        entity_writer(FetchRequest)(buffer, request)
+        try:
+            await _write_frame(writer, buffer.getvalue())
+            frame = await _read_frame(reader)
+        except (OSError, asyncio.IncompleteReadError):
+            self._connection = None
+            raise
+        response, _ = entity_reader(FetchResponse)(frame, _header_size(frame, flexible=True))
+        data = response.responses[0].partitions[0]
+        if data.error_code.value == OFFSET_OUT_OF_RANGE:
+            return None, data.log_start_offset
+        if data.error_code.value:
+            raise OSError(f"{topic}[{partition}]: the broker answered error {data.error_code.name} to a log read")
+        return data.records or b"", data.log_start_offset
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+async def _write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
+    writer.writelines((struct.pack(">i", len(payload)), payload))  # no copy of a 100 MB answer
+    await writer.drain()
+
+
+def _header_size(frame: bytes, flexible: bool) -> int:
+    """The size of a response header: the correlation id, and tagged fields in a flexible one."""
+    if not flexible:
+        return 4
+    tagged, size = read_unsigned_varint(frame, 4)
+    if tagged:
+        raise ValueError("tagged fields in a response header")  # none of the broker's answers has any
+    return 4 + size
+
+
+def _request_header(frame: bytes) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) of a request."""
+    return struct.unpack_from(">hhi", frame, 0)
+
+
+def _request_body_offset(frame: bytes, flexible: bool) -> int:
+    """Where a request's body starts: after key, version, correlation id, client id (and tags)."""
+    (client_id_size,) = struct.unpack_from(">h", frame, 8)
+    pos = 10 + max(client_id_size, 0)
+    if flexible:
+        pos += 1  # no tagged fields in the clients' request headers (librdkafka writes none)
+    return pos
+
+
+def as_front(entity, host: str, port: int):
+    """The entity with the broker's address and cluster id replaced by the front's, wherever they are in it.
+
+    Clients then connect to the front only; and its own cluster id keeps the verdict of a transactional
+    check (`kafka-batch check-kafka`) on the front apart from one on noida itself, whose answers differ.
+    """
+    if isinstance(entity, tuple):
+        return tuple(as_front(item, host, port) for item in entity)
+    if not dataclasses.is_dataclass(entity):
+        return entity
+    changes = {}
+    for f in dataclasses.fields(entity):
+        value = getattr(entity, f.name)
+        if f.name == "host" and value:
+            changes.update(host=host, port=i32(port))
+        elif f.name == "cluster_id" and value:
+            changes["cluster_id"] = value + FRONT_CLUSTER_SUFFIX
+        elif isinstance(value, tuple) or dataclasses.is_dataclass(value):
+            replaced = as_front(value, host, port)
+            if replaced != value:
+                changes[f.name] = replaced
+    return dataclasses.replace(entity, **changes) if changes else entity
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    api_key: int
+    version: int
+    fetch_offsets: dict[tuple[str, int], int] | None = None  # a read_committed fetch: where each partition starts
+
+
+class KafkaFront:
+    def __init__(self, listen_host: str, listen_port: int, upstream_host: str, upstream_port: int):
+        self.listen = (listen_host, listen_port)
+        self.upstream = (upstream_host, upstream_port)
+        self.index = MarkerIndex(upstream_host, upstream_port)
+
+    async def serve(self) -> None:
+        server = await asyncio.start_server(self._client, *self.listen, limit=STREAM_LIMIT)
+        LOG.info("listening on %s:%d, broker at %s:%d", *self.listen, *self.upstream)
+        async with server:
+            await server.serve_forever()
+
+    async def _client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            broker_reader, broker_writer = await asyncio.open_connection(*self.upstream, limit=STREAM_LIMIT)
+        except OSError:
+            client_writer.close()
+            return
+        pending: dict[int, PendingRequest] = {}
+        requests = asyncio.create_task(self._requests(client_reader, broker_writer, pending))
+        responses = asyncio.create_task(self._responses(broker_reader, client_writer, pending))
+        done, rest = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
+        if responses in done and not responses.cancelled() and responses.exception() is None:
+            self.index.forget()  # the broker closed the connection: it may have restarted
+        for task in rest:
+            task.cancel()
+        for writer in (client_writer, broker_writer):
+            writer.close()
+
+    async def _requests(self, reader, writer, pending: dict[int, PendingRequest]) -> None:
+        try:
+            while True:
+                frame = await _read_frame(reader)
+                api_key, version, correlation = _request_header(frame)
+                if api_key == FETCH:
+                    pending[correlation] = self._fetch_request(frame, version)
+                elif api_key in (*ADDRESS_ANSWERS, API_VERSIONS):
+                    pending[correlation] = PendingRequest(api_key, version)
+                elif api_key in (19, 20):  # CreateTopics, DeleteTopics: a name may now hold another log
+                    self.index.forget(self._topics_named(frame, api_key, version))
+                await _write_frame(writer, frame)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    def _fetch_request(self, frame: bytes, version: int) -> PendingRequest:
+        schema = load_request_schema(FETCH, version)
+        request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        if getattr(request, "isolation_level", 0) != READ_COMMITTED:
+            return PendingRequest(FETCH, version)
+        return PendingRequest(FETCH, version, {(t.topic, p.partition): p.fetch_offset
+                                               for t in request.topics for p in t.partitions})
+
+    @staticmethod
+    def _topics_named(frame: bytes, api_key: int, version: int) -> set[str] | None:
+        schema = load_request_schema(api_key, version)
+        try:
+            request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        except Exception:  # noqa: BLE001 - when in doubt, forget every topic
+            return None
+        names = getattr(request, "topic_names", None) or ()
+        topics = getattr(request, "topics", ()) or ()
+        return {*names, *(getattr(t, "name", None) for t in topics)} - {None}
+
+    async def _responses(self, reader, writer, pending: dict[int, PendingRequest]) -> None:
+        try:
+            while True:
+                frame = await _read_frame(reader)
+                (correlation,) = struct.unpack_from(">i", frame, 0)
+                request = pending.pop(correlation, None)
+                if request is not None:
+                    frame = await self._answer(frame, request)
+                await _write_frame(writer, frame)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+
+    async def _answer(self, frame: bytes, request: PendingRequest) -> bytes:
+        """The response as Apache Kafka would give it: the front's address, Fetch's aborted transactions."""
+        if request.api_key == FETCH and not request.fetch_offsets:
+            return frame
+        schema = load_response_schema(request.api_key, request.version)
+        flexible = schema.__flexible__ and request.api_key != API_VERSIONS  # its header is always v0
+        start = _header_size(frame, flexible)
+        try:
+            response, _ = entity_reader(schema)(frame, start)
+        except Exception:  # noqa: BLE001 - an answer the schema does not fit (an error reply): as it is
+            LOG.warning("could not read a response to api %d v%d: relayed as it is", request.api_key,
+                        request.version, exc_info=True)
+            return frame
+        if request.api_key == FETCH:
+            changed = await self._fetch_answer(response, request.fetch_offsets)
+        elif request.api_key == API_VERSIONS:
+            changed = dataclasses.replace(response, api_keys=tuple(
+                dataclasses.replace(k, max_version=i16(min(k.max_version, FETCH_MAX_VERSION)))
+                if k.api_key == FETCH else k for k in response.api_keys))
+        else:
+            changed = as_front(response, *self.listen)
+        if changed is response:
+            return frame
+        buffer = io.BytesIO()
+        buffer.write(frame[:start])
+        entity_writer(schema)(buffer, changed)
+        return buffer.getvalue()
+
+    async def _fetch_answer(self, response, fetch_offsets: dict[tuple[str, int], int]):
+        topics, changed = [], False
+        aborted_type = sys.modules[type(response).__module__].AbortedTransaction  # of the answer's version
+        for topic in response.responses:
+            partitions = []
+            for data in topic.partitions:
+                kept = await self._overlapping(topic.topic, data, fetch_offsets.get((topic.topic, data.partition_index)),
+                                               aborted_type)
+                if kept is not data.aborted_transactions:
+                    data, changed = dataclasses.replace(data, aborted_transactions=kept), True
+                partitions.append(data)
+            topics.append(dataclasses.replace(topic, partitions=tuple(partitions)))
+        return dataclasses.replace(response, responses=tuple(topics)) if changed else response
+
+    async def _overlapping(self, topic: str, data, fetch_offset: int | None, aborted_type):
+        """The partition's aborted transactions as Apache Kafka would list them (kafka_listing), those the
+        answer cannot place decided by the index of markers."""
+        if fetch_offset is None:
+            return data.aborted_transactions
+        listed = sorted((t.producer_id, t.first_offset) for t in data.aborted_transactions or ())
+        records = memoryview(data.records or b"")
+        kept, undecided = kafka_listing(listed, records, fetch_offset)
+        log_start = max(data.log_start_offset, 0)
+        if undecided:
+            markers = await self.index.markers(topic, data.partition_index, log_start, fetch_offset, undecided)
+            kept += [(producer_id, first) for producer_id, first in undecided if not markers.ended_before(
+                producer_id, first, fetch_offset, [f for p, f in listed if p == producer_id])]
+        self.index.learn(topic, data.partition_index, log_start, fetch_offset, records)
+        kept.sort()
+        if kept == listed:
+            return data.aborted_transactions
+        LOG.debug("%s[%d] fetch at %d: aborted transactions %s listed as %s", topic, data.partition_index,
+                  fetch_offset, listed, kept)
+        return tuple(aborted_type(producer_id=i64(p), first_offset=i64(f)) for p, f in kept)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kafka_batch_dev.kafka_front", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True, help="where clients connect")
+    parser.add_argument("--broker-port", type=int, required=True, help="the broker's own port")
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    front = KafkaFront(args.host, args.port, args.host, args.broker_port)
+    try:
+        import uvloop
+
+        uvloop.run(front.serve())
+    except ImportError:
+        asyncio.run(front.serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
