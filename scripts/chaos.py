@@ -676,11 +676,24 @@ class SoakRunner(threading.Thread):
         self.proc: subprocess.Popen | None = None
         self.runs = 0
 
+    def running(self) -> subprocess.Popen | None:
+        """The run in progress, if any."""
+        proc = self.proc
+        return proc if proc is not None and proc.poll() is None else None
+
     def run(self) -> None:
         while not self.stop.is_set():
             self.proc = start_run(self.pipeline, f"soak-{self.runs}", self.env)
             self.proc.wait()
             self.runs += 1
+
+
+def until(found, timeout: float = 10.0):
+    """What `found()` returns once it is truthy, polled for up to `timeout` seconds (else its last answer)."""
+    deadline = time.monotonic() + timeout
+    while not (answer := found()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return answer
 
 
 def soak(seconds: float, every: float, partitions: int, rng: random.Random, env: dict,
@@ -715,14 +728,15 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
         for other, (other_name, *_, other_memory, _, _) in pipelines.items():
             results[other].violations += watch_positions(other_name, other_memory)[1]
         landed = {key}
-        if fault == "kill-run":
-            proc = runner.proc
-            if proc is None or proc.poll() is not None:
+        if fault == "kill-run":  # at a random moment of a running batch (the runner starts the next at once)
+            time.sleep(rng.uniform(0, 3))
+            proc = until(runner.running)
+            if proc is None:
                 landed = set()
             else:
                 kill_group(proc)
-        elif fault == "terminate-sessions":
-            landed = set(pipelines) if terminate_sessions() else set()
+        elif fault == "terminate-sessions":  # once the pipelines have a session to lose
+            landed = set(pipelines) if until(terminate_sessions) else set()
         elif fault == "race":
             racing.append(start_run(name, f"soak-race-{n}", env))
         else:
@@ -730,8 +744,8 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
             landed = set(pipelines)
         for hit in landed:
             results[hit].faults[fault] += 1
-        print(f"soak {time.monotonic() - started:.0f}s: {fault} on {key if landed == {key} else 'all'}"
-              f" (load {os.getloadavg()[0]:.1f})", flush=True)
+        target = "missed" if not landed else key if landed == {key} else "all"
+        print(f"soak {time.monotonic() - started:.0f}s: {fault} on {target} (load {os.getloadavg()[0]:.1f})", flush=True)
     stop.set()
     for *_, producer, runner in pipelines.values():
         producer.join(120)

@@ -8,11 +8,11 @@ makes it drop every later batch of that producer: committed records silently los
 
 `kafka-batch local up` therefore runs noida on an internal port and this front on the public one. The
 front relays every request and response unchanged but for three answers:
-- Fetch (`read_committed`): an aborted transaction that started before the fetch offset is kept only if
-  it ended at or after it, as Apache Kafka does. Where it ended comes from an index of each producer's
-  transaction markers, built by reading the partition's log (`read_uncommitted`) once, then only what
-  was appended since, and only for partitions whose answers list such a transaction: a topic without
-  aborts costs nothing but the relay, and no read costs the whole log twice.
+- Fetch (`read_committed`): the list of aborted transactions is the one Apache Kafka gives, read off
+  the answer's own markers (kafka_listing); the rare listed transaction the answer cannot place is
+  placed by an index of each producer's markers (TransactionMarkers), read from the partition's log
+  (`read_uncommitted`) once and then only what was appended, and extended by the answers that pass.
+  A topic without aborts costs nothing but the relay, and no read costs the whole log.
 - Metadata, FindCoordinator, DescribeCluster: the broker's address is the front's, so clients stay on it,
   and so is the cluster id (noida's with `-front`).
 - ApiVersions: Fetch at most v12 (v13 names topics by id, and noida's ids are all zero).
@@ -101,7 +101,6 @@ def kafka_listing(listed: list[tuple[int, int]], records: bytes | memoryview, fe
     for producer_id, first in sorted(listed):
         pending.setdefault(producer_id, []).append(first)
     runs: dict[int, int] = {}  # producer id -> its first batch since its last marker in the answer
-    marked: set[int] = set()
     kept: list[tuple[int, int]] = []
     for base, last, attributes, producer_id, body in record_batches(records):
         if last < fetch_offset or not attributes & TRANSACTIONAL:
@@ -109,18 +108,16 @@ def kafka_listing(listed: list[tuple[int, int]], records: bytes | memoryview, fe
         if not attributes & CONTROL:
             runs.setdefault(producer_id, base)
             continue
-        marked.add(producer_id)
         firsts = pending.get(producer_id, [])
         ended = [f for f in firsts if f <= base]
         pending[producer_id] = firsts[len(ended):]
-        run = runs.pop(producer_id, None)
-        if control_type(body) == ABORT_MARKER and (ended or run is not None):
-            kept.append((producer_id, min(f for f in (ended[-1] if ended else None, run) if f is not None)))
+        starts = ended[-1:] + [runs.pop(producer_id)] if producer_id in runs else ended[-1:]
+        if control_type(body) == ABORT_MARKER and starts:
+            kept.append((producer_id, min(starts)))
     undecided = []
     for producer_id, firsts in pending.items():
-        for first in firsts:
-            ambiguous = first < fetch_offset and producer_id in runs and producer_id not in marked
-            (undecided if ambiguous else kept).append((producer_id, first))
+        for first in firsts:  # begun before the fetch: the producer has no marker in the answer
+            (undecided if first < fetch_offset and producer_id in runs else kept).append((producer_id, first))
     return kept, undecided
 
 
@@ -194,9 +191,12 @@ class MarkerIndex:
         self.partitions = {tp: m for tp, m in self.partitions.items() if topics is not None and tp[0] not in topics}
 
     def _entry(self, topic: str, partition: int, log_start: int) -> TransactionMarkers | None:
+        """What is known of a partition's log, if it is still that log (one that now begins earlier is
+        another one: the topic was made anew)."""
         known = self.partitions.get((topic, partition))
-        if known is not None and known.scanned_from > log_start:  # a log that begins earlier: another log
-            known = self.partitions.pop((topic, partition))
+        if known is not None and known.scanned_from > log_start:
+            del self.partitions[(topic, partition)]
+            return None
         return known
 
     async def markers(self, topic: str, partition: int, log_start: int, fetch_offset: int,
