@@ -66,3 +66,18 @@ def test_schema_registry_settings_from_a_connection():
         schema_registry_config(parse_connection("sr", "http://registry:8081?sasl.username=x"))
     # Messages name the registry without the credentials a URL may carry.
     assert _url({"url": "https://user:s3cret@registry:8081"}) == "https://registry:8081"
+
+
+@pytest.mark.parametrize("conn", [
+    {"conn_type": "spark_connect", "host": "127.0.0.1", "port": 15002},
+    {"conn_type": "spark_connect", "host": "sc://spark.example", "port": 443, "login": "etl user",
+     "password": "t0k/en;x", "extra": {"use_ssl": True}},
+    {"conn_type": "spark_connect", "host": "spark.example", "extra": {"use_ssl": False}},
+])
+def test_a_spark_connect_url_is_the_providers(conn, monkeypatch):
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from kafka_batch.spark.connect import connection_url
+
+    monkeypatch.setenv("AIRFLOW_CONN_SC_TEST", json.dumps(conn))
+    assert connection_url(from_environment("sc_test")) == SparkConnectHook("sc_test").get_connection_url()

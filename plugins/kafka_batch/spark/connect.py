@@ -62,12 +62,31 @@ def _answers(conn_id: str, url: str, timeout: float = ANSWER_TIMEOUT_S) -> None:
                                   f" {timeout:g}s: {exc.strerror or type(exc).__name__}") from None
 
 
-def session(conn_id: str):
+def connection_url(spark: ConnectionFields) -> str:
+    """The `sc://` URL of a `spark_connect` connection, as the provider's SparkConnectHook builds it from the
+    same fields (host, port, login as user id, password as token, `use_ssl` in the extra). Importing the
+    hook costs a command a second of Airflow; tests/unit/test_connections.py holds the two equal."""
+    host = spark.host or ""
+    if "://" not in host:
+        host = f"sc://{host}"
+    if spark.port:
+        host = f"{host}:{spark.port}"
+    url = urllib.parse.urlparse(host)
+    if url.path:
+        raise errors.InputError(f"connection {spark.conn_id!r}: a Spark Connect URL has no path, got {url.path!r}")
+    params = [f"{name}={urllib.parse.quote(value)}" for name, value in (("user_id", spark.login),
+                                                                         ("token", spark.password)) if value]
+    if spark.extra.get("use_ssl") is not None:
+        params.append(f"use_ssl={urllib.parse.quote(str(spark.extra['use_ssl']))}")
+    return urllib.parse.urlunparse(("sc", url.netloc, "/", ";".join(params), "", url.fragment))
+
+
+def session(spark_conn: ConnectionFields):
     """A session on the connection's server, with the package added (once per session)."""
-    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
     from pyspark.sql import SparkSession
 
-    url = SparkConnectHook(conn_id).get_connection_url()
+    conn_id = spark_conn.conn_id
+    url = connection_url(spark_conn)
     _answers(conn_id, url)
     with tempfile.TemporaryDirectory(prefix="kafka_batch_pyfiles_") as directory:
         package = package_zip(Path(directory))
@@ -103,9 +122,11 @@ def _connect_mode() -> Iterator[None]:
 class ConnectExecution:
     """One batch through Spark Connect; `kill` interrupts only this batch's Spark operations."""
 
-    def __init__(self, pipeline, batch_id: int, postgres: ConnectionFields, kafka: ConnectionFields, *,
-                 registry: ConnectionFields | None = None, mode: str = "commit", try_number: int | None = None):
+    def __init__(self, pipeline, batch_id: int, spark: ConnectionFields, postgres: ConnectionFields,
+                 kafka: ConnectionFields, *, registry: ConnectionFields | None = None, mode: str = "commit",
+                 try_number: int | None = None):
         self.pipeline = pipeline
+        self.spark_conn = spark
         self.batch_id = batch_id
         self.postgres = connections.postgres_params(postgres)
         self.kafka = connections.kafka_config(kafka)
@@ -122,7 +143,7 @@ class ConnectExecution:
         from kafka_batch.spark import job
 
         timings.mark("job_main")
-        self._spark = spark = session(self.pipeline.connections.spark)
+        self._spark = spark = session(self.spark_conn)
         timings.mark("session_ready")
         try:
             job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,

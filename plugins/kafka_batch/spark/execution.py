@@ -23,7 +23,7 @@ def batch_execution(
     spark-submit's defaults); `registry`: the Schema Registry's, for a pipeline that uses one; `log`
     takes spark-submit's output lines."""
     if connect.uses_connect(spark):
-        yield connect.ConnectExecution(pipeline, batch_id, postgres, kafka, registry=registry, mode=mode,
+        yield connect.ConnectExecution(pipeline, batch_id, spark, postgres, kafka, registry=registry, mode=mode,
                                        try_number=try_number)
         return
     params = postgres_params(postgres)

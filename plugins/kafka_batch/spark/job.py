@@ -28,7 +28,6 @@ from kafka_batch.errors import (
     raised_in_task,
     without_sqlstate,
 )
-from kafka_batch.formats import registry as schema_registry
 from kafka_batch.formats.columns import Decoded, schema_id_column
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
@@ -334,6 +333,8 @@ def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
     if record.format != "json":
         registry = None
         if record.uses_registry:
+            from kafka_batch.formats import registry as schema_registry  # its client costs a JSON pipeline 0.1 s
+
             registry = registry_config(pipeline)
             schema_registry.check(registry)
         key = None if record.key is None else record.key.column(registry, "key")
