@@ -139,9 +139,9 @@ def _cli_run_id() -> str:
     return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _execute(pipeline, batch, mode: str = "commit", verbose: bool = True) -> dict:
+def _execute(pipeline, batch, kafka: KafkaOffsets, mode: str = "commit", verbose: bool = True) -> dict:
     """spark-submit a batch that still has to run (a committed one is left alone), then report it, with
-    its ranges and the wall-clock seconds of the run.
+    its ranges and the wall-clock seconds of the run; `kafka`: the planning's client, asked again.
 
     The report opens its own connection: one held idle through a long Spark run may have been dropped.
     """
@@ -149,7 +149,7 @@ def _execute(pipeline, batch, mode: str = "commit", verbose: bool = True) -> dic
     if batch.runnable:
         submit_batch(pipeline, batch.id, mode, verbose)
     seconds = time.monotonic() - started
-    conn, kafka = _services(pipeline)
+    conn = database.connect(connections.postgres_params(connections.from_environment(pipeline.connections.postgres)))
     try:
         return {**report.report(conn, kafka, pipeline, batch.id), "seconds": seconds,
                 "range_counts": inspection.batch_ranges(conn, batch.id)}
@@ -176,7 +176,7 @@ def cmd_run(args) -> int:
     finally:
         conn.close()
     print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
-    summary = _execute(pipeline, batch, verbose=args.verbose)
+    summary = _execute(pipeline, batch, kafka, verbose=args.verbose)
     _print_ranges(summary)
     invalid = summary["records_invalid"]
     quarantined = f", {invalid} quarantined (kafka-batch quarantine --pipeline {pipeline.name})" if invalid else ""
@@ -241,7 +241,7 @@ def cmd_replay(args) -> int:
           " (the request widened to whole ranges):")
     for r in batch.ranges:
         print(f"  {r}")
-    summary = _execute(pipeline, batch, "preview" if args.dry_run else "commit", verbose=args.verbose)
+    summary = _execute(pipeline, batch, kafka, "preview" if args.dry_run else "commit", verbose=args.verbose)
     if args.dry_run:
         print(f"replay {summary['batch_id']} previewed, nothing committed; {len(summary['preview'])} group key(s)"
               " would change (before -> after):")

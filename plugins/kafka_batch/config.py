@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -36,9 +36,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
-from kafka_batch.formats import avro, protobuf
 from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, invalid
 from kafka_batch.sinks import SINKS, Sink
+
+if TYPE_CHECKING:
+    from kafka_batch.formats import avro, protobuf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,6 +163,14 @@ def _plain_field_name(name: str) -> str:
     return name
 
 
+def _formats():
+    """The binary formats' modules (avro, protobuf), imported where a definition uses one: fastavro's and
+    protobuf's imports would cost every command of a JSON pipeline."""
+    from kafka_batch.formats import avro, protobuf
+
+    return avro, protobuf
+
+
 class BinaryView(Model):
     """A reader view of a binary format: what a record's key (or value) is read as."""
 
@@ -187,6 +197,7 @@ class BinaryView(Model):
             raise ValueError(f"format {self.format} needs `schema` (what records are read as)")
         if self.message is not None and self.format != "protobuf":
             raise ValueError("`message` is for format protobuf")
+        avro, protobuf = _formats()
         try:
             return dict(self.view.type.members)
         except (avro.SchemaProblem, protobuf.ProtoProblem) as exc:
@@ -201,6 +212,7 @@ class BinaryView(Model):
     @cached_property
     def view(self) -> avro.ReaderView | protobuf.ProtoView:
         """The reader view, parsed (Avro) or compiled (Protobuf)."""
+        avro, protobuf = _formats()
         if self.format == "avro":
             return avro.ReaderView(avro.load_schema(self.view_schema, self._records_only))
         if not isinstance(self.view_schema, str):
@@ -210,11 +222,13 @@ class BinaryView(Model):
     @cached_property
     def descriptor_set(self) -> bytes:
         """The Protobuf view compiled (a serialized FileDescriptorSet): what executors get."""
+        _, protobuf = _formats()
         return protobuf.compile_proto(self.view_schema, user_cache_dir() / "proto")
 
     def column(self, registry: dict | None, side: str) -> avro.AvroColumn | protobuf.ProtobufColumn:
         """The reader's decoder of this side of a record (`registry`: the client's settings)."""
         framed = registry if self.framing == "confluent" else None
+        avro, protobuf = _formats()
         if self.format == "avro":
             return avro.AvroColumn(self.view.schema, framed, side)
         return protobuf.ProtobufColumn(self.descriptor_set, self.view.message, framed, side)
