@@ -35,11 +35,15 @@ from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets
 from kafka_batch.spark.execution import batch_execution
 
 
+def _postgres(conn_id: str):
+    """A session on the Postgres of this connection id."""
+    return database.connect(connections.postgres_params(connections.from_environment(conn_id)))
+
+
 def _services(pipeline):
-    postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
     kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)),
                          timeout=pipeline.read.kafka_timeout_seconds)
-    return database.connect(postgres), kafka
+    return _postgres(pipeline.connections.postgres), kafka
 
 
 def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = True) -> None:
@@ -149,7 +153,7 @@ def _execute(pipeline, batch, kafka: KafkaOffsets, mode: str = "commit", verbose
     if batch.runnable:
         submit_batch(pipeline, batch.id, mode, verbose)
     seconds = time.monotonic() - started
-    conn = database.connect(connections.postgres_params(connections.from_environment(pipeline.connections.postgres)))
+    conn = _postgres(pipeline.connections.postgres)
     try:
         return {**report.report(conn, kafka, pipeline, batch.id), "seconds": seconds,
                 "range_counts": inspection.batch_ranges(conn, batch.id)}
@@ -338,7 +342,7 @@ def cmd_check_kafka(args) -> int:
     else:
         kafka_conn, postgres_conn = args.kafka_conn, args.postgres_conn
     kafka = connections.kafka_config(connections.from_environment(kafka_conn))
-    conn = database.connect(connections.postgres_params(connections.from_environment(postgres_conn)))
+    conn = _postgres(postgres_conn)
     try:
         check = kafka_checks.check_and_record(conn, kafka)
     finally:

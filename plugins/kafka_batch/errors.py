@@ -95,8 +95,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def _label(exc: KafkaBatchError) -> str:
-    for kind, label in ((UnsafeBroker, "unsafe broker"), (DataLossError, "data loss"), (ServiceError, "unavailable"), (StateError, "refused"),
-                        (InputError, "invalid input")):
+    for kind, label in ((UnsafeBroker, "unsafe broker"), (DataLossError, "data loss"), (ServiceError, "unavailable"),
+                        (StateError, "refused"), (InputError, "invalid input")):
         if isinstance(exc, kind):
             return label
     return "error"
