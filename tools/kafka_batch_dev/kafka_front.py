@@ -45,7 +45,7 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 LOG = logging.getLogger("kafka_batch_dev.kafka_front")
 
-FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 1, 3, 10, 18, 60
+FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CLUSTER = 1, 3, 10, 18, 19, 20, 60
 ADDRESS_ANSWERS = (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER)
 FRONT_CLUSTER_SUFFIX = "-front"
 FETCH_MAX_VERSION = 12
@@ -368,7 +368,7 @@ class KafkaFront:
                     pending[correlation] = self._fetch_request(frame, version)
                 elif api_key in (*ADDRESS_ANSWERS, API_VERSIONS):
                     pending[correlation] = PendingRequest(api_key, version)
-                elif api_key in (19, 20):  # CreateTopics, DeleteTopics: a name may now hold another log
+                elif api_key in (CREATE_TOPICS, DELETE_TOPICS):  # a name may now hold another log
                     self.index.forget(self._topics_named(frame, api_key, version))
                 await _write_frame(writer, frame)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -437,14 +437,16 @@ class KafkaFront:
         topics, changed = [], False
         aborted_type = sys.modules[type(response).__module__].AbortedTransaction  # of the answer's version
         for topic in response.responses:
-            partitions = []
+            partitions, rewritten = [], False
             for data in topic.partitions:
                 kept = await self._overlapping(topic.topic, data, fetch_offsets.get((topic.topic, data.partition_index)),
                                                aborted_type)
                 if kept is not data.aborted_transactions:
-                    data, changed = dataclasses.replace(data, aborted_transactions=kept), True
+                    data, rewritten = dataclasses.replace(data, aborted_transactions=kept), True
                 partitions.append(data)
-            topics.append(dataclasses.replace(topic, partitions=tuple(partitions)))
+            if rewritten:
+                topic, changed = dataclasses.replace(topic, partitions=tuple(partitions)), True
+            topics.append(topic)
         return dataclasses.replace(response, responses=tuple(topics)) if changed else response
 
     async def _overlapping(self, topic: str, data, fetch_offset: int | None, aborted_type):
