@@ -1,16 +1,19 @@
 """`make bench`: the project against a hand-written consumer, side by side on the same topic data.
 
-One run produces the data, plans every batch, then measures (each with the load average then):
+Every batch runs as a user runs it, `kafka-batch run`, timed from the command's start. One run
+produces the data, plans every batch, then measures (each with the load average then):
   raw read        a plain confluent-kafka loop over the big batch's ranges, one process, no parsing
   project reader  kafka_source.read_partitions + Arrow columns + JSON fields, as a Spark task does it, one process
-  plain consumer  what a user would write: consume, json.loads, a dict aggregate, one CAS commit
-  spark small/big the whole Spark job (spark-submit .. commit) on SMALL and on all RECORDS; marginal rate,
-                  and the batch size from which spark-submit reads 1.5x the plain consumer's rate
+  plain consumer  what a user would write (scripts/plain_consumer.py): consume, json.loads, a dict aggregate,
+                  one CAS commit; its whole process on the small batch's records and on the big one's
+  spark small/big the pipeline on a topic of SMALL (1M) and one of RECORDS (3M), in both modes (Spark Connect, the
+                  samples' default, and spark-submit); marginal rate, and the batch size from which
+                  spark-submit reads 1.5x the plain consumer's rate (small first: a fresh server's first
+                  job also compiles its JIT)
   many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
-  fixed cost      a 1,000-record batch through `kafka-batch run`, with the phases of its timings, against the
-                  plain consumer's whole process over the same records (scripts/plain_consumer.py)
-  Spark Connect   the small and big runs (small first: a fresh server's first job also compiles its
-                  JIT) and the fixed cost again through a long-lived Spark Connect server
+  fixed cost      a 1,000-record batch, with the phases of its timings, against the plain consumer's whole
+                  process over the same records; on Spark Connect also after a minute idle (Spark has then
+                  killed its Python workers)
   commit          commit_batch of 100k distinct aggregate contribution rows
   many keys       records over about as many (user, minute) keys: the job via Spark Connect and spark-submit
                   against the plain consumer aggregating the same, and the commit of that many contribution rows
@@ -18,17 +21,18 @@ One run produces the data, plans every batch, then measures (each with the load 
                   via spark-submit and via Spark Connect, against a plain consumer that upserts each
                   consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
                   100k changed keys; the history table's size per million records
-  avro            AVRO_RECORDS Avro page views (two schema versions, through the Schema Registry): the job via
-                  Spark Connect and spark-submit against a plain consumer decoding with AvroDeserializer
+  avro            AVRO_RECORDS (3M) and SMALL (1M) Avro page views (two schema versions, through the Schema
+                  Registry), a topic each: the job against a plain consumer decoding with AvroDeserializer
   after abort     AFTER_ABORT_RECORDS records committed by a transactional producer that aborted once before
                   the position, against the same from one that never aborted: a batch of each via Spark Connect
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
   peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
-The reads and the Spark jobs of targets 1 and 2 run in rounds (--repeat, 3): each figure is its best
-round (the JSON keeps every sample), so a slow minute of a shared machine does not decide a ratio.
+The many-keys, upsert and Avro plain consumers run in a fresh process each, their interpreter's start
+not counted. Measures run in rounds (--repeat, 3): each figure is its best round (the JSON keeps every
+sample), so a slow minute of a shared machine does not decide a ratio.
 Prints ONE table with each target's ratio and PASS/FAIL, also written as JSON (--json). The
-single-process reads run in fresh processes and report their CPU time (librdkafka's threads too).
+single-process reads report their CPU time (librdkafka's threads too). --only runs some parts.
 Targets live here, not in tests. BENCH_ARGS scales it down: --records 200000 --small 100000 --many 100 --repeat 1.
 """
 
@@ -74,6 +78,8 @@ ROWS: list[dict] = []
 # (the samples' connection, started by `kafka-batch local up`), and spark-submit per batch.
 SUBMIT, CONNECT = "spark_default", "spark_connect_default"
 MODE = {SUBMIT: "spark-submit", CONNECT: "Spark Connect"}
+KAFKA_BATCH = str(Path(sys.executable).parent / "kafka-batch")
+IDLE_S = 65  # Spark kills a Python worker idle for a minute
 
 
 def load() -> str:
@@ -244,7 +250,8 @@ def avro_baseline(env: Env, ranges, name: str) -> int:
 
 
 class RssSampler:
-    """Peak RSS of the driver (Python), the JVM and the Python workers below this process."""
+    """Peak RSS of the driver (Python: spark-submit's, or the CLI's under Spark Connect), the JVM and the
+    Python workers below this process."""
 
     def __init__(self):
         self.peaks = {"driver": 0, "jvm": 0, "worker": 0}
@@ -268,7 +275,7 @@ class RssSampler:
                     rss = p.memory_info().rss
                 except psutil.Error:
                     continue
-                kind = ("jvm" if "java" in p.name() else "driver" if "run_batch.py" in cmd
+                kind = ("jvm" if "java" in p.name() else "driver" if "run_batch.py" in cmd or " run --pipeline" in cmd
                         else "worker" if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd) else None)
                 if kind:
                     self.peaks[kind] = max(self.peaks[kind], rss)
@@ -298,19 +305,19 @@ def phases(marks: list[dict], spawned: float | None = None, ended: float | None 
 
 
 def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None) -> dict:
-    """One batch through the whole job, timed; `records`: what it must read where markers take offsets
+    """One planned batch through `kafka-batch run --run-id` (which executes the batch of that run), timed
+    from the command's start as a user sees it; `records`: what it must read where markers take offsets
     (default: every offset of its ranges is a record)."""
     records = batch.span if records is None else records
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
-    os.environ[timings.ENV] = str(marks)
-    try:
-        settle()  # timed from a nearly idle machine
-        with RssSampler() as rss:
-            started = time.monotonic()
-            submit_batch(pipeline, batch.id, verbose=False)  # Spark's log to a file, as the CLI does
-            seconds = time.monotonic() - started
-    finally:
-        os.environ.pop(timings.ENV, None)
+    settle()  # timed from a nearly idle machine
+    with RssSampler() as rss:
+        started_wall, started = time.time(), time.monotonic()
+        result = subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name, "--run-id", batch.run_id],
+                                capture_output=True, text=True, env={**os.environ, timings.ENV: str(marks)})
+        seconds = time.monotonic() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"kafka-batch run --pipeline {pipeline.name} failed: {result.stderr[-2000:]}")
     conn = database.connect(env.postgres)
     committed = batches.load_batch(conn, batch.id)
     with conn.cursor() as cur:
@@ -318,11 +325,11 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
         [(read_tasks, tombstones)] = cur.fetchall()
     conn.close()
     assert committed.status == "committed" and committed.records_read + tombstones == records, (committed, records)
-    breakdown = phases(timings.read(str(marks)))
+    breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
     marks.unlink()
     mb = {k: round(v / 2**20) for k, v in rss.peaks.items()}
     row(f"spark job {label}", records / seconds, "records/s",
-        f"{records:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s;"
+        f"{records:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s (kafka-batch run);"
         f" peak RSS MB {mb}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
         phases=breakdown, read_tasks=read_tasks)
     return {"seconds": seconds, "records": records, "rss": mb}
@@ -343,52 +350,62 @@ def breakeven(fixed_s: float, rate: float, baseline_rate: float, ratio: float) -
     return ratio * fixed_s / gain if gain > 0 else float("inf")
 
 
-def fixed_cost(env: Env, records: int, spark: str) -> dict:
-    """`kafka-batch run` of a `records` batch, timed from the command's start. On Spark Connect it is
+def fixed_cost(env: Env, records: int, spark: str, rounds: int = 1, after_idle_s: float = 0) -> list[dict]:
+    """`kafka-batch run` of a `records` batch, timed from the command's start (the best of `rounds`, each
+    over `records` new records). On Spark Connect it is
     the pipeline's second batch: a new package's first batch also starts the server session's Python
-    workers, once per deployment, and an everyday batch finds them warm."""
+    workers, once per deployment, and an everyday batch finds them warm. `after_idle_s`: then once more
+    after that long idle: Spark kills a Python worker idle for a minute, so a batch every few minutes
+    starts on fresh workers (forked from the server's daemon, kafka_batch_daemon.preloaded)."""
     name = f"fixed_{spark}"  # a topic and a pipeline of its own for each mode
     topic = f"{env.prefix}_{name}"
     sample_data.ensure_topic(env.kafka, topic, 1)
     pipeline = env.pipeline(name, topic, spark)
-    cli = str(Path(sys.executable).parent / "kafka-batch")
     if spark == CONNECT:
         sample_data.produce_page_views(env.kafka, topic, records, seed=4)
-        subprocess.run([cli, "run", "--pipeline", pipeline.name], capture_output=True, check=True)
-    sample_data.produce_page_views(env.kafka, topic, records, seed=5)
-    marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
+        subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name], capture_output=True, check=True)
     archive = jvm_archive_state() if spark == SUBMIT else "not used"
-    settle()  # timed from a nearly idle machine
-    started_wall = time.time()
-    started = time.monotonic()
-    result = subprocess.run([cli, "run", "--pipeline", pipeline.name], capture_output=True, text=True,
-                            env={**os.environ, timings.ENV: str(marks)})
-    seconds = time.monotonic() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
-    breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
-    marks.unlink()
-    return row(f"fixed cost, {MODE[spark]}", seconds, "s",
-               f"kafka-batch run of {records:,} records; JVM class archive {archive}; phases {breakdown}",
-               phases=breakdown, jvm_class_archive=archive)
+
+    def timed(label: str, idle_s: float = 0) -> dict:
+        sample_data.produce_page_views(env.kafka, topic, records, seed=5)
+        settle()  # timed from a nearly idle machine
+        time.sleep(idle_s)
+        marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
+        started_wall, started = time.time(), time.monotonic()
+        result = subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name], capture_output=True, text=True,
+                                env={**os.environ, timings.ENV: str(marks)})
+        seconds = time.monotonic() - started
+        if result.returncode != 0:
+            raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
+        breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
+        marks.unlink()
+        return row(label, seconds, "s", f"kafka-batch run of {records:,} records; JVM class archive {archive};"
+                   f" phases {breakdown}", phases=breakdown, jvm_class_archive=archive)
+
+    for _ in range(rounds):
+        warm = timed(f"fixed cost, {MODE[spark]}")  # its row keeps the best round
+    measured = [warm]
+    if after_idle_s:
+        measured.append(timed(f"fixed cost after {after_idle_s:.0f} s idle, {MODE[spark]}", after_idle_s))
+    return measured
 
 
-def plain_process(env: Env, ranges: list[tuple[str, int, int, int]], rounds: int = 3) -> dict:
+def plain_process(env: Env, ranges: list[tuple[str, int, int, int]], rounds: int = 3,
+                  name: str = "plain consumer process") -> dict:
     """The plain consumer over `ranges` as a whole process (scripts/plain_consumer.py: interpreter start,
     imports, consume, json, dict, CAS commit), wall-clock from its start; the best of `rounds`."""
     script = str(Path(__file__).with_name("plain_consumer.py"))
-    best = float("inf")
-    for i in range(rounds):
+    records = sum(until - start for _, _, start, until in ranges)
+    for _ in range(rounds):
         settle()
-        table = f"{env.prefix}_plain_process_{i}"
+        table = f"{env.prefix}_plain_{uuid.uuid4().hex[:8]}"
         env.tables += [("public", f"{table}_offsets"), ("public", f"{table}_totals")]
         started = time.monotonic()
         subprocess.run([sys.executable, script, "--kafka", json.dumps(env.kafka), "--postgres", json.dumps(env.postgres),
                         "--ranges", json.dumps(ranges), "--table", table], check=True, capture_output=True)
-        best = min(best, time.monotonic() - started)
-    records = sum(until - start for _, _, start, until in ranges)
-    return row("plain consumer process", best, "s", f"scripts/plain_consumer.py over {records:,} records, whole"
-               f" process (best of {rounds})")
+        best = row(name, time.monotonic() - started, "s", f"scripts/plain_consumer.py over {records:,} records, whole"
+                   " process")
+    return best
 
 
 def jvm_archive_state() -> str:
@@ -489,24 +506,42 @@ def measure_many_keys(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 
 def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
-    """Avro page views through the Schema Registry (two schema versions), the whole job in both modes
-    against a plain consumer decoding with confluent-kafka's AvroDeserializer."""
-    topic = f"{env.prefix}_avro"
-    sample_data.ensure_topic(env.kafka, topic, args.partitions)
-    started = time.monotonic()
-    sample_data.produce_page_views_avro(env.kafka, {"url": env.registry["url"]}, topic, args.avro_records, seed=12)
-    print(f"produced {args.avro_records:,} Avro records to {topic} in {time.monotonic() - started:.1f}s", flush=True)
-    planned = [(label, pipeline, env.plan(pipeline)) for label, pipeline in (
-        (f"avro, {MODE[spark]}", env.avro_pipeline(f"avro_{i}_{spark}", topic, spark))
-        for i in range(args.repeat) for spark in (CONNECT, SUBMIT))]
+    """Avro page views through the Schema Registry (two schema versions) at the small and the big size,
+    the whole job (`kafka-batch run`) against a plain consumer decoding with confluent-kafka's
+    AvroDeserializer on the same records (run in a fresh process, its interpreter's start not counted)."""
+    small = min(args.small, args.avro_records)
+    topics = {"small": f"{env.prefix}_avro_small", "big": f"{env.prefix}_avro"}  # a topic of each size, as for JSON
+    for size, records in (("big", args.avro_records), ("small", small)):
+        sample_data.ensure_topic(env.kafka, topics[size], args.partitions)
+        started = time.monotonic()
+        sample_data.produce_page_views_avro(env.kafka, {"url": env.registry["url"]}, topics[size], records, seed=12)
+        print(f"produced {records:,} Avro records to {topics[size]} in {time.monotonic() - started:.1f}s", flush=True)
+    sizes = {"small": f"{small / 1e6:g}M", "big": f"{args.avro_records / 1e6:g}M"}
+    jobs = [("small", CONNECT), ("big", CONNECT), ("big", SUBMIT)]
+    rounds = [[(f"avro {sizes[size]}, {MODE[spark]}", pipeline, env.plan(pipeline)) for size, spark in jobs
+               for pipeline in [env.avro_pipeline(f"avro_{i}_{size}_{spark}", topics[size], spark)]]
+              for i in range(args.repeat)]
+    ranges = {"small": rounds[0][0][2].ranges, "big": rounds[0][1][2].ranges}
+    records = {"small": rounds[0][0][2].span, "big": rounds[0][1][2].span}
+    base: dict[str, dict] = {}
+    runs: dict[str, list[float]] = defaultdict(list)
+    for i, planned in enumerate(rounds):
+        for size in ("small", "big"):
+            env.tables += baseline_tables(env, f"avro_baseline_{size}_{i}")
+            base[size] = read_row(f"avro plain consumer, {sizes[size]}", "consume + AvroDeserializer + dict by (page,"
+                                  " country, minute) + CAS commit", avro_baseline, env, ranges[size],
+                                  f"avro_baseline_{size}_{i}")
+        for label, pipeline, batch in planned:
+            runs[label].append(spark_run(env, pipeline, batch, label)["seconds"])
+    best = {label: min(seconds) for label, seconds in runs.items()}
 
-    def baseline_round(i: int) -> dict:
-        env.tables += baseline_tables(env, f"avro_baseline_{i}")
-        return read_row("avro plain consumer", "consume + AvroDeserializer + dict by (page, country, minute) + CAS"
-                        " commit", avro_baseline, env, planned[0][2].ranges, f"avro_baseline_{i}")
+    def ratio(size: str, spark: str) -> float:
+        return records[size] / best[f"avro {sizes[size]}, {MODE[spark]}"] / base[size]["value"]
 
-    base, best = side_by_side(args.repeat, planned, baseline_round, env)
-    return mode_targets(9, "avro", planned[0][2].span, base, best)
+    return [(f"9 avro {sizes['small']}: kafka-batch run / plain consumer >= 1.5, {MODE[CONNECT]}",
+             ratio("small", CONNECT), 1.5, ">="),
+            (f"9 avro {sizes['big']}: the same >= 2, {MODE[CONNECT]}", ratio("big", CONNECT), 2, ">="),
+            (f"9 avro {sizes['big']}: the same >= 1.5, {MODE[SUBMIT]}", ratio("big", SUBMIT), 1.5, ">=")]
 
 
 def produce_transactions(kafka: dict, topic: str, transactions: list[tuple[int, bool]], seed: int) -> None:
@@ -717,10 +752,9 @@ def main() -> int:
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--after-abort-records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3,
-                        help="rounds of the reads and the Spark jobs of targets 1 and 2; each figure is its best round")
-    parser.add_argument("--only", help="while developing: comma-separated parts (fixed, commit, many-keys, upsert, avro,"
-                        " after-abort);"
-                        " no target table")
+                        help="rounds of each part's measures; each figure is its best round")
+    parser.add_argument("--only", help="comma-separated parts (json, fixed, commit, upsert, many-keys, avro,"
+                        " after-abort); their targets only")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
     args = parser.parse_args()
@@ -738,29 +772,18 @@ def main() -> int:
         delete_topics(env.kafka, prefix)
 
 
-def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
-    if args.only:
-        parts = set(args.only.split(","))
-        if "fixed" in parts:
-            fixed_cost(env, args.fixed_records, SUBMIT)
-            connect = fixed_cost(env, args.fixed_records, CONNECT)
-            plain = plain_process(env, [(f"{prefix}_fixed_{CONNECT}", 0, args.fixed_records, 2 * args.fixed_records)])
-            print(f"fixed cost / plain consumer's process, Spark Connect: {connect['value'] / plain['value']:.2f}")
-        if "commit" in parts:
-            row("commit", commit_rows(env, args.commit_rows), "s", f"{args.commit_rows:,} distinct contribution rows")
-        for part, measure_part in (("many-keys", measure_many_keys), ("upsert", measure_upsert),
-                                   ("avro", measure_avro), ("after-abort", measure_after_abort)):
-            for name, value, limit, op in measure_part(args, env) if part in parts else []:
-                print(f"{name:<52} {value:>8.2f}  {'PASS' if (value >= limit if op == '>=' else value <= limit) else 'FAIL'}")
-        return 0
-
-    # The data, then every plan, before anything is measured.
-    topic = f"{prefix}_topic"
-    sample_data.ensure_topic(env.kafka, topic, args.partitions)
-    started = time.monotonic()
-    sample_data.produce_page_views(env.kafka, topic, args.records, seed=1)
-    print(f"produced {args.records:,} records to {topic} in {time.monotonic() - started:.1f}s", flush=True)
-    many_topic, few_topic = f"{prefix}_many", f"{prefix}_few"
+def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The page-view aggregate on JSON at the small and the big size, in both modes, against the plain
+    consumer's whole process on the same records (targets 1, 2 and 6); many partitions (target 3)."""
+    # A topic of each size: the local broker answers a fetch with all it holds from the offset on, so
+    # the first 1M records of a 3M topic would cost any reader the transfer of all 3M.
+    topic, small_topic = f"{env.prefix}_topic", f"{env.prefix}_small"
+    for name, records in ((topic, args.records), (small_topic, args.small)):
+        sample_data.ensure_topic(env.kafka, name, args.partitions)
+        started = time.monotonic()
+        sample_data.produce_page_views(env.kafka, name, records, seed=1)
+        print(f"produced {records:,} records to {name} in {time.monotonic() - started:.1f}s", flush=True)
+    many_topic, few_topic = f"{env.prefix}_many", f"{env.prefix}_few"
     sample_data.ensure_topic(env.kafka, many_topic, args.many)
     sample_data.ensure_topic(env.kafka, few_topic, 4)
     produce_per_partition(env.kafka, many_topic, args.many, args.many_records // args.many, seed=2)
@@ -769,13 +792,14 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     # One batch per round of each job: a committed batch is not read again.
     # Each mode's small job runs before its big one: on a fresh Spark Connect server the first job
     # also pays for the server's JIT compilation, which a long-lived server pays once.
-    rounds = [{"small": env.pipeline(f"small_{i}", topic, max_records_per_batch=args.small),
+    rounds = [{"small": env.pipeline(f"small_{i}", small_topic),
                "big": env.pipeline(f"big_{i}", topic),
-               "small, Spark Connect": env.pipeline(f"small_connect_{i}", topic, CONNECT, max_records_per_batch=args.small),
+               "small, Spark Connect": env.pipeline(f"small_connect_{i}", small_topic, CONNECT),
                "big, Spark Connect": env.pipeline(f"big_connect_{i}", topic, CONNECT)}
               for i in range(args.repeat)]
     rounds = [{label: (pipeline, env.plan(pipeline)) for label, pipeline in jobs.items()} for jobs in rounds]
     big, big_batch = rounds[0]["big"]
+    small_ranges = spans(rounds[0]["small"][1].ranges)
     many, few = env.pipeline("many", many_topic), env.pipeline("few", few_topic)
     started = time.monotonic()
     many_batch = env.plan(many)
@@ -785,14 +809,14 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     print("measuring:", flush=True)
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
     runs: dict[str, list[dict]] = defaultdict(list)
+    small_name, big_name = f"{args.small / 1e6:g}M", f"{args.records / 1e6:g}M"
     for i, jobs in enumerate(rounds, 1):  # rounds, so that a slow minute of the machine hits every measure alike
         print(f"round {i} of {args.repeat}:", flush=True)
         raw = read_row("raw read", "plain consumer loop", raw_read, env, big_batch.ranges)
         read_row("project reader", "read_partitions + Arrow + JSON fields, one process", project_read, env, big,
                  big_batch.ranges)
-        env.tables += baseline_tables(env, f"baseline_{i}")
-        base = read_row("plain consumer", "consume + json + dict + CAS commit", baseline, env, big_batch.ranges,
-                        f"baseline_{i}")
+        plain_small = plain_process(env, small_ranges, 1, f"plain consumer process, {small_name}")
+        plain_big = plain_process(env, spans(big_batch.ranges), 1, f"plain consumer process, {big_name}")
         for label, (pipeline, batch) in jobs.items():
             runs[label].append(spark_run(env, pipeline, batch, label))
     # Each job's fastest round; memory: the highest peak of any round.
@@ -805,54 +829,73 @@ def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
     marginal_connect = marginal_rate(small_connect_run, big_connect_run)
     row("spark marginal", marginal, "records/s", "(big - small records) / (big - small seconds)")
     row("spark marginal, Spark Connect", marginal_connect, "records/s", "the same, both jobs via Spark Connect")
+    plain_rate = args.records / plain_big["value"]
+    row("plain consumer marginal", (args.records - args.small) / (plain_big["value"] - plain_small["value"]),
+        "records/s", "the plain consumer's process: (big - small records) / (big - small seconds)")
     fixed_s = small_run["seconds"] - small_run["records"] / marginal
-    row("spark-submit 1.5x from", breakeven(fixed_s, marginal, base["value"], 1.5), "records",
+    row("spark-submit 1.5x from", breakeven(fixed_s, marginal, plain_rate, 1.5), "records",
         f"the batch size from which spark-submit reads 1.5x the plain consumer's rate: {fixed_s:.1f} s fixed, then"
         f" {marginal:,.0f} records/s")
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
     few_run = spark_run(env, few, few_batch, "4 partitions")
-    fixed = fixed_cost(env, args.fixed_records, SUBMIT)
-    fixed_connect = fixed_cost(env, args.fixed_records, CONNECT)
-    plain_fixed = plain_process(env, [(f"{prefix}_fixed_{CONNECT}", 0, args.fixed_records, 2 * args.fixed_records)])
-    commit_s = commit_rows(env, args.commit_rows)
-    row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
-    many_keys_targets = measure_many_keys(args, env)
-    upsert_targets = measure_upsert(args, env)
-    avro_targets = measure_avro(args, env)
-    after_abort_targets = measure_after_abort(args, env)
-
-    targets = [
+    return [
         # The samples' execution (Spark Connect) first; spark-submit, for clusters without a server, after.
-        ("1 spark big / plain consumer >= 1.5, Spark Connect", (big_connect_run["records"] / big_connect_run["seconds"])
-         / base["value"], 1.5, ">="),
-        ("1 same, spark-submit", (big_run["records"] / big_run["seconds"]) / base["value"], 1.5, ">="),
+        # Both sides from their command's start, on the same records.
+        (f"1 JSON {small_name}: plain consumer / kafka-batch run >= 1.5, Spark Connect",
+         plain_small["value"] / small_connect_run["seconds"], 1.5, ">="),
+        (f"1 JSON {big_name}: the same >= 2, Spark Connect", plain_big["value"] / big_connect_run["seconds"], 2, ">="),
+        (f"1 JSON {big_name}: the same >= 1.5, spark-submit", plain_big["value"] / big_run["seconds"], 1.5, ">="),
         ("2 spark marginal / raw read >= 0.6, Spark Connect", marginal_connect / raw["value"], 0.6, ">="),
         ("2 same, spark-submit", marginal / raw["value"], 0.6, ">="),
         (f"3 {args.many} partitions / 4 partitions wall time <= 2", many_run["seconds"] / few_run["seconds"], 2, "<="),
-        ("4 fixed cost (s) <= 10 (idle machine), Spark Connect", fixed_connect["value"], 10, "<="),
-        ("4 same, spark-submit", fixed["value"], 10, "<="),
-        ("11 fixed cost / plain consumer's process <= 7, Spark Connect", fixed_connect["value"] / plain_fixed["value"],
-         7, "<="),
-        ("5 commit of 100k rows (s) <= 2", commit_s, 2, "<="),
         ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
          "<="),
-        *upsert_targets,
-        *many_keys_targets,
-        *avro_targets,
-        *after_abort_targets,
     ]
-    print(f"\n{'measure (best of its rounds)':<34} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 86)
+
+
+def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The fixed cost of a small batch from the command's start (targets 4 and 11)."""
+    [fixed] = fixed_cost(env, args.fixed_records, SUBMIT, args.repeat)
+    fixed_connect, _after_idle = fixed_cost(env, args.fixed_records, CONNECT, args.repeat, after_idle_s=IDLE_S)
+    plain = plain_process(env, [(f"{env.prefix}_fixed_{CONNECT}", 0, args.fixed_records, 2 * args.fixed_records)],
+                          name="plain consumer process, fixed cost's records")
+    return [
+        ("4 fixed cost (s) <= 10 (idle machine), Spark Connect", fixed_connect["value"], 10, "<="),
+        ("4 same, spark-submit", fixed["value"], 10, "<="),
+        ("11 fixed cost / plain consumer's process <= 7, Spark Connect", fixed_connect["value"] / plain["value"], 7,
+         "<="),
+    ]
+
+
+def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
+    commit_s = commit_rows(env, args.commit_rows)
+    row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
+    return [(f"5 commit of {args.commit_rows // 1000}k rows (s) <= 2", commit_s, 2, "<=")]
+
+
+PARTS = {"json": measure_json, "fixed": measure_fixed, "commit": measure_commit, "upsert": measure_upsert,
+         "many-keys": measure_many_keys, "avro": measure_avro, "after-abort": measure_after_abort}
+
+
+def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
+    parts = args.only.split(",") if args.only else list(PARTS)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--only: no part {', '.join(sorted(unknown))} (parts: {', '.join(PARTS)})")
+    targets = [target for part in parts for target in PARTS[part](args, env)]
+    print(f"\n{'measure (best of its rounds)':<40} {'value':>14}  {'unit':<10} {'rounds':>6}  load\n" + "-" * 92)
     for r in ROWS:
-        print(f"{r['name']:<34} {r['value']:>14,.2f}  {r['unit']:<10} {len(r['samples']):>6}  {r['load']}")
-    print(f"\n{'target':<52} {'ratio':>8}  result\n" + "-" * 72)
+        print(f"{r['name']:<40} {r['value']:>14,.2f}  {r['unit']:<10} {len(r['samples']):>6}  {r['load']}")
+    print(f"\n{'target':<58} {'ratio':>8}  result\n" + "-" * 78)
     results = []
     for name, value, limit, op in targets:
         ok = value >= limit if op == ">=" else value <= limit
         results.append({"target": name, "value": round(value, 3), "pass": ok})
-        print(f"{name:<52} {value:>8.2f}  {'PASS' if ok else 'FAIL'}")
+        print(f"{name:<58} {value:>8.2f}  {'PASS' if ok else 'FAIL'}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "cores": os.cpu_count(),
-                                     "measures": ROWS, "targets": results}, indent=2, default=str))
+    args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "parts": parts,
+                                     "cores": os.cpu_count(), "measures": ROWS, "targets": results},
+                                    indent=2, default=str))
     print(f"\nwritten to {args.json}")
 
     conn = database.connect(env.postgres)

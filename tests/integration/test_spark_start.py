@@ -38,3 +38,43 @@ def test_spark_submit_learns_the_batch_span_from_postgres_for_its_jvm_options(se
     postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
     assert submit.batch_span(postgres, batch.id) == batch.span == 40  # short: C1 only
     assert submit.batch_span(postgres, batch.id + 10**6) is None  # unknown: the job itself says why
+
+
+
+# Run in a process of its own (the test's holds a classic Spark session): the daemon the server's Python
+# worker was forked from, and where that worker's kafka_batch comes from.
+_WORKER_FACTS = """
+import json, sys
+from kafka_batch import connections
+from kafka_batch.spark import connect
+
+def facts(batches):
+    import os
+    import pyarrow as pa
+    import kafka_batch
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        daemon = cmdline.read().replace(b"\\0", b" ").decode()
+    for _ in batches:
+        yield pa.RecordBatch.from_pylist([{"daemon": daemon, "kafka_batch": kafka_batch.__file__}])
+
+spark = connect.session(connections.from_environment("spark_connect_default"))
+[row] = spark.range(1).mapInArrow(facts, "daemon string, kafka_batch string").collect()
+print(json.dumps(row.asDict()))
+"""
+
+
+def test_connect_workers_fork_from_the_preloaded_daemon_and_run_the_sessions_package(services):
+    """The local server's workers start with the read's libraries imported (kafka_batch_daemon.preloaded),
+    and still import kafka_batch from the session's artifact, not from the server's environment: a
+    changed package takes effect."""
+    import json
+    import subprocess
+    import sys
+
+    from kafka_batch.config import PROJECT_ROOT
+
+    result = subprocess.run([sys.executable, "-c", _WORKER_FACTS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "-m kafka_batch_daemon.preloaded pyspark.worker" in facts["daemon"], facts
+    assert not facts["kafka_batch"].startswith(str(PROJECT_ROOT / "plugins")), facts

@@ -434,13 +434,18 @@ SPARK_CONNECT = "the Spark Connect server"
 def start_spark_connect(base: Path, state: dict) -> None:
     """A Spark Connect server in local mode on loopback, with the settings spark-submit gives every
     batch (kafka_batch.spark.submit.SPARK_CONF), for pipelines whose Spark connection is
-    `spark_connect_default`."""
-    from kafka_batch.spark.submit import SPARK_CONF, spark_environment
+    `spark_connect_default`; its Python workers fork from a daemon with the read's libraries imported."""
+    from kafka_batch.spark.submit import DAEMON_MODULE, SPARK_CONF, spark_environment
 
     port = state.get("spark_connect_port") or free_port()
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores}  # the job packs at least one read task per core
+    if importlib.util.find_spec(DAEMON_MODULE.split(".")[0]) is not None:
+        conf["spark.python.daemon.module"] = DAEMON_MODULE
+    else:  # an editable install from before the package existed: every worker would fail to start
+        print(f"kafka-batch local: {DAEMON_MODULE} is not installed (run `make install`); the Spark Connect"
+              " server's Python workers start from pyspark's own daemon", file=sys.stderr)
     command = [str(Path(sys.executable).parent / "spark-submit"), "--class", SPARK_CONNECT_SERVER,
                "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect",
                *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]

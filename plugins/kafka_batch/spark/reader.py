@@ -17,7 +17,7 @@ import gc
 import operator
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +25,11 @@ import pyarrow.compute as pc
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from kafka_batch import timings
-from kafka_batch.config import ReadSettings
 from kafka_batch.kafka_source import read_partitions
 from kafka_batch.ranges import OffsetRange
+
+if TYPE_CHECKING:  # the definition's model: a cold Python worker would pay 0.3 s importing it
+    from kafka_batch.config import ReadSettings
 
 
 class Decoder(Protocol):

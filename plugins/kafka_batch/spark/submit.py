@@ -40,6 +40,10 @@ SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.python.worker.reuse": "true",
 }
+# A long-lived Spark server's Python worker daemon (kafka_batch_daemon.preloaded): its workers start
+# with the read's libraries imported. Not set per spark-submit: there every worker is new anyway, and
+# two importing side by side take no longer than the daemon importing once.
+DAEMON_MODULE = "kafka_batch_daemon.preloaded"
 
 
 def java_home() -> str | None:
