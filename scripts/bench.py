@@ -27,7 +27,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   the position, against the same from one that never aborted: a batch of each via Spark Connect
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
-  peak RSS        driver, JVM and Python workers of each Spark run (sampled every 0.1 s)
+  peak RSS, CPU   driver, JVM, Python workers, broker and front of each run (sampled every 0.1 s; under Spark
+                  Connect the local server's JVM and workers)
 The many-keys, upsert and Avro plain consumers run in a fresh process each, their interpreter's start
 not counted. Measures run in rounds (--repeat, 3): each figure is its best round (the JSON keeps every
 sample), so a slow minute of a shared machine does not decide a ratio.
@@ -71,7 +72,7 @@ from kafka_batch.sinks.base import RangeCounts, SinkOutput
 from kafka_batch.spark import jvm_archive
 from kafka_batch.spark.reader import read_task
 from kafka_batch.spark.submit import spark_environment
-from kafka_batch_dev import sample_data
+from kafka_batch_dev import local_stack, sample_data
 
 ROWS: list[dict] = []
 # The two ways a batch reaches Spark (the pipeline's Spark connection): a long-lived Spark Connect server
@@ -249,36 +250,77 @@ def avro_baseline(env: Env, ranges, name: str) -> int:
     return count
 
 
-class RssSampler:
-    """Peak RSS of the driver (Python: spark-submit's, or the CLI's under Spark Connect), the JVM and the
-    Python workers below this process."""
+class ProcessSampler:
+    """Peak RSS and CPU seconds, by kind, of the processes a batch runs in: those below this process (the
+    CLI, spark-submit's JVM and its Python workers) and the local services' (the broker, its front, and
+    with `connect` the Spark Connect server's JVM and its Python workers), sampled every 0.1 s. CPU counts what each process
+    used while sampled (a worker that starts and ends between two samples is missed)."""
 
-    def __init__(self):
-        self.peaks = {"driver": 0, "jvm": 0, "worker": 0}
+    KINDS = ("driver", "jvm", "worker", "broker", "front")
+
+    def __init__(self, connect: bool):
+        self.peaks = dict.fromkeys(self.KINDS, 0)
+        self._cpu: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, first seen, last seen)
+        state = local_stack.read_state()
+        services = ("kafka_pid", "kafka_broker_pid") + (("spark_connect_pid",) if connect else ())
+        self._services = [state[key] for key in services if key in state]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
+        self._sample(first=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._sample()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        used = dict.fromkeys(self.KINDS, 0.0)
+        for kind, first, last in self._cpu.values():
+            used[kind] += last - first
+        return {kind: round(seconds, 2) for kind, seconds in used.items()}
+
+    def _processes(self) -> list[psutil.Process]:
+        found = psutil.Process().children(recursive=True)
+        for pid in self._services:
+            try:
+                service = psutil.Process(pid)
+                found += [service, *service.children(recursive=True)]
+            except psutil.Error:
+                continue
+        return found
+
+    @staticmethod
+    def _kind(p: psutil.Process, cmd: str) -> str | None:
+        if "java" in p.name():
+            return "jvm"
+        if "run_batch.py" in cmd or " run --pipeline" in cmd:
+            return "driver"
+        if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd):
+            return "worker"
+        return "front" if "kafka_front" in cmd else "broker" if "noida" in cmd else None
+
+    def _sample(self, first: bool = False) -> None:
+        for p in self._processes():
+            try:
+                cmd = " ".join(p.cmdline())
+                rss, times = p.memory_info().rss, p.cpu_times()
+            except psutil.Error:
+                continue
+            kind = self._kind(p, cmd)
+            if kind is None:
+                continue
+            self.peaks[kind] = max(self.peaks[kind], rss)
+            used = times.user + times.system
+            seen = self._cpu.get(p.pid)
+            self._cpu[p.pid] = (kind, used if first else 0.0, used) if seen is None else (kind, seen[1], used)
 
     def _run(self):
-        me = psutil.Process()
         while not self._stop.wait(0.1):
-            for p in me.children(recursive=True):
-                try:
-                    cmd = " ".join(p.cmdline())
-                    rss = p.memory_info().rss
-                except psutil.Error:
-                    continue
-                kind = ("jvm" if "java" in p.name() else "driver" if "run_batch.py" in cmd or " run --pipeline" in cmd
-                        else "worker" if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd) else None)
-                if kind:
-                    self.peaks[kind] = max(self.peaks[kind], rss)
+            self._sample()
 
 
 def phases(marks: list[dict], spawned: float | None = None, ended: float | None = None) -> dict[str, float]:
@@ -311,7 +353,7 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
     records = batch.span if records is None else records
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     settle()  # timed from a nearly idle machine
-    with RssSampler() as rss:
+    with ProcessSampler(pipeline.connections.spark == CONNECT) as sampled:
         started_wall, started = time.time(), time.monotonic()
         result = subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name, "--run-id", batch.run_id],
                                 capture_output=True, text=True, env={**os.environ, timings.ENV: str(marks)})
@@ -327,11 +369,12 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
     assert committed.status == "committed" and committed.records_read + tombstones == records, (committed, records)
     breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
     marks.unlink()
-    mb = {k: round(v / 2**20) for k, v in rss.peaks.items()}
+    mb = {k: round(v / 2**20) for k, v in sampled.peaks.items()}
+    cpu = sampled.cpu_seconds()
     row(f"spark job {label}", records / seconds, "records/s",
         f"{records:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s (kafka-batch run);"
-        f" peak RSS MB {mb}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
-        phases=breakdown, read_tasks=read_tasks)
+        f" peak RSS MB {mb}; CPU s {cpu}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
+        cpu_s=cpu, phases=breakdown, read_tasks=read_tasks)
     return {"seconds": seconds, "records": records, "rss": mb}
 
 
