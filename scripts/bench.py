@@ -346,20 +346,28 @@ def phases(marks: list[dict], spawned: float | None = None, ended: float | None 
     return {name: round(b - a, 2) for name, a, b in spans if a is not None and b is not None}
 
 
-def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None) -> dict:
-    """One planned batch through `kafka-batch run --run-id` (which executes the batch of that run), timed
-    from the command's start as a user sees it; `records`: what it must read where markers take offsets
-    (default: every offset of its ranges is a record)."""
-    records = batch.span if records is None else records
+def cli_run(pipeline, run_id: str | None = None) -> tuple[float, dict[str, float]]:
+    """`kafka-batch run` of the pipeline (the batch of `run_id`, else its next one), timed from the command's
+    start as a user sees it: (seconds, its phases from the timings marks)."""
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
+    command = [KAFKA_BATCH, "run", "--pipeline", pipeline.name, *(["--run-id", run_id] if run_id else [])]
+    started_wall, started = time.time(), time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, timings.ENV: str(marks)})
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"kafka-batch {' '.join(command[1:])} failed: {result.stderr[-2000:]}")
+    breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
+    marks.unlink()
+    return seconds, breakdown
+
+
+def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None) -> dict:
+    """One planned batch through `kafka-batch run --run-id` (cli_run); `records`: what it must read where
+    markers take offsets (default: every offset of its ranges is a record)."""
+    records = batch.span if records is None else records
     settle()  # timed from a nearly idle machine
     with ProcessSampler(pipeline.connections.spark == CONNECT) as sampled:
-        started_wall, started = time.time(), time.monotonic()
-        result = subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name, "--run-id", batch.run_id],
-                                capture_output=True, text=True, env={**os.environ, timings.ENV: str(marks)})
-        seconds = time.monotonic() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"kafka-batch run --pipeline {pipeline.name} failed: {result.stderr[-2000:]}")
+        seconds, breakdown = cli_run(pipeline, batch.run_id)
     conn = database.connect(env.postgres)
     committed = batches.load_batch(conn, batch.id)
     with conn.cursor() as cur:
@@ -367,8 +375,6 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
         [(read_tasks, tombstones)] = cur.fetchall()
     conn.close()
     assert committed.status == "committed" and committed.records_read + tombstones == records, (committed, records)
-    breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
-    marks.unlink()
     mb = {k: round(v / 2**20) for k, v in sampled.peaks.items()}
     cpu = sampled.cpu_seconds()
     row(f"spark job {label}", records / seconds, "records/s",
@@ -406,22 +412,14 @@ def fixed_cost(env: Env, records: int, spark: str, rounds: int = 1, after_idle_s
     pipeline = env.pipeline(name, topic, spark)
     if spark == CONNECT:
         sample_data.produce_page_views(env.kafka, topic, records, seed=4)
-        subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name], capture_output=True, check=True)
+        cli_run(pipeline)
     archive = jvm_archive_state() if spark == SUBMIT else "not used"
 
     def timed(label: str, idle_s: float = 0) -> dict:
         sample_data.produce_page_views(env.kafka, topic, records, seed=5)
         settle()  # timed from a nearly idle machine
         time.sleep(idle_s)
-        marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
-        started_wall, started = time.time(), time.monotonic()
-        result = subprocess.run([KAFKA_BATCH, "run", "--pipeline", pipeline.name], capture_output=True, text=True,
-                                env={**os.environ, timings.ENV: str(marks)})
-        seconds = time.monotonic() - started
-        if result.returncode != 0:
-            raise RuntimeError(f"kafka-batch run failed: {result.stderr[-2000:]}")
-        breakdown = phases(timings.read(str(marks)), spawned=started_wall, ended=time.time())
-        marks.unlink()
+        seconds, breakdown = cli_run(pipeline)
         return row(label, seconds, "s", f"kafka-batch run of {records:,} records; JVM class archive {archive};"
                    f" phases {breakdown}", phases=breakdown, jvm_class_archive=archive)
 
@@ -810,7 +808,7 @@ def main() -> int:
     env = Env(prefix, pipelines)
     print(f"kafka-batch bench {prefix}: {os.cpu_count()} cores, load {load()}", flush=True)
     try:
-        return measure(args, env, prefix)
+        return measure(args, env)
     finally:
         delete_topics(env.kafka, prefix)
 
@@ -920,7 +918,7 @@ PARTS = {"json": measure_json, "fixed": measure_fixed, "commit": measure_commit,
          "many-keys": measure_many_keys, "avro": measure_avro, "after-abort": measure_after_abort}
 
 
-def measure(args: argparse.Namespace, env: Env, prefix: str) -> int:
+def measure(args: argparse.Namespace, env: Env) -> int:
     parts = args.only.split(",") if args.only else list(PARTS)
     unknown = set(parts) - set(PARTS)
     if unknown:

@@ -4,9 +4,14 @@ knows the batch's size (C1 only for a short one)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from kafka_batch import connections
+from kafka_batch.config import PROJECT_ROOT
 from kafka_batch.core import planning
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.spark import submit
@@ -40,11 +45,10 @@ def test_spark_submit_learns_the_batch_span_from_postgres_for_its_jvm_options(se
     assert submit.batch_span(postgres, batch.id + 10**6) is None  # unknown: the job itself says why
 
 
-
 # Run in a process of its own (the test's holds a classic Spark session): the daemon the server's Python
 # worker was forked from, and where that worker's kafka_batch comes from.
 _WORKER_FACTS = """
-import json, sys
+import json
 from kafka_batch import connections
 from kafka_batch.spark import connect
 
@@ -67,12 +71,6 @@ def test_connect_workers_fork_from_the_preloaded_daemon_and_run_the_sessions_pac
     """The local server's workers start with the read's libraries imported (kafka_batch_daemon.preloaded),
     and still import kafka_batch from the session's artifact, not from the server's environment: a
     changed package takes effect."""
-    import json
-    import subprocess
-    import sys
-
-    from kafka_batch.config import PROJECT_ROOT
-
     result = subprocess.run([sys.executable, "-c", _WORKER_FACTS], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     facts = json.loads(result.stdout.strip().splitlines()[-1])
