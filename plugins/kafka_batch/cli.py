@@ -26,13 +26,16 @@ import psycopg2
 from confluent_kafka import KafkaException
 from tabulate import tabulate
 
-from kafka_batch import connections, timings
+from kafka_batch import connections, metrics, timings
 from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
-from kafka_batch.errors import KafkaBatchError, ServiceError, UnsafeBroker, one_line
-from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets
+from kafka_batch.errors import InputError, KafkaBatchError, ServiceError, UnsafeBroker, one_line
+from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, first_timestamps
 from kafka_batch.spark.execution import batch_execution
+
+# `status --check`'s exit status when the pipeline is behind its alerts (errors keep theirs: errors.py).
+BEHIND = 7
 
 
 def _postgres(conn_id: str):
@@ -40,9 +43,12 @@ def _postgres(conn_id: str):
     return database.connect(connections.postgres_params(connections.from_environment(conn_id)))
 
 
+def _kafka_config(pipeline) -> dict:
+    return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
+
+
 def _services(pipeline):
-    kafka = KafkaOffsets(connections.kafka_config(connections.from_environment(pipeline.connections.kafka)),
-                         timeout=pipeline.read.kafka_timeout_seconds)
+    kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)
     return _postgres(pipeline.connections.postgres), kafka
 
 
@@ -143,20 +149,32 @@ def _cli_run_id() -> str:
     return "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def _execute(pipeline, batch, kafka: KafkaOffsets, mode: str = "commit", verbose: bool = True) -> dict:
+def _execute(pipeline, batch, kafka: KafkaOffsets, mode: str = "commit", verbose: bool = True,
+             planned_in: float | None = None) -> dict:
     """spark-submit a batch that still has to run (a committed one is left alone), then report it, with
-    its ranges and the wall-clock seconds of the run; `kafka`: the planning's client, asked again.
+    its ranges and the wall-clock seconds of the run; `kafka`: the planning's client, asked again. Its
+    metrics (and `planned_in`, the seconds its planning took) go where AIRFLOW__METRICS__* say.
 
     The report opens its own connection: one held idle through a long Spark run may have been dropped.
     """
     started = time.monotonic()
+    stats = metrics.from_environment()
     if batch.runnable:
-        submit_batch(pipeline, batch.id, mode, verbose)
+        try:
+            submit_batch(pipeline, batch.id, mode, verbose)
+        except KafkaBatchError as exc:
+            metrics.send(stats, metrics.failure_points(pipeline.name, batch.kind, exc))
+            raise
     seconds = time.monotonic() - started
     conn = _postgres(pipeline.connections.postgres)
     try:
-        return {**report.report(conn, kafka, pipeline, batch.id), "seconds": seconds,
-                "range_counts": inspection.batch_ranges(conn, batch.id)}
+        summary = {**report.report(conn, kafka, pipeline, batch.id), "seconds": seconds,
+                   "range_counts": inspection.batch_ranges(conn, batch.id)}
+        planning_points = [] if planned_in is None else metrics.plan_points(pipeline.name, batch.kind, planned_in)
+        # A batch committed before this command (a run id given again) was counted when it committed.
+        metrics.observe_batch(stats, conn, kafka, _kafka_config(pipeline), pipeline,
+                              batch.id if batch.runnable else None, planning_points)
+        return summary
     finally:
         conn.close()
 
@@ -175,12 +193,14 @@ def cmd_run(args) -> int:
     conn, kafka = _services(pipeline)
     try:
         timings.mark("plan_start")
+        started = time.monotonic()
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        planned_in = time.monotonic() - started
         timings.mark("plan_done")
     finally:
         conn.close()
     print(f"batch {batch.id} ({batch.status}): {len(batch.ranges)} ranges, {batch.span} offsets")
-    summary = _execute(pipeline, batch, kafka, verbose=args.verbose)
+    summary = _execute(pipeline, batch, kafka, verbose=args.verbose, planned_in=planned_in)
     _print_ranges(summary)
     invalid = summary["records_invalid"]
     quarantined = f", {invalid} quarantined (kafka-batch quarantine --pipeline {pipeline.name})" if invalid else ""
@@ -267,6 +287,8 @@ def cmd_reset(args) -> int:
         )
     finally:
         conn.close()
+    if args.execute:
+        metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))
     for move in moves:
         print(f"  {move}")
     print("dry run: nothing changed; add --execute to apply" if not args.execute else "applied and recorded")
@@ -275,20 +297,34 @@ def cmd_reset(args) -> int:
 
 def cmd_status(args) -> int:
     pipeline = load_pipeline(args.pipeline)
+    alerts = pipeline.alerts
+    if args.check and alerts.max_lag_records is None and alerts.max_lag_seconds is None:
+        raise InputError(f"pipeline {pipeline.name} defines no alerts (alerts: max_lag_records, max_lag_seconds in"
+                         f" {pipeline.source}): --check has nothing to check")
     conn, kafka = _services(pipeline)
     try:
         rows = report.status(conn, kafka, pipeline)
     finally:
         conn.close()
+    lag = sum(r.lag for r in rows)
+    breaches = []
+    if args.check:
+        lagging = {(r.topic, r.partition): r.position for r in rows if r.lag} if alerts.max_lag_seconds else {}
+        found = [ms for ms in first_timestamps(_kafka_config(pipeline), lagging).values() if ms is not None]
+        oldest = datetime.fromtimestamp(min(found) / 1000, UTC) if found else None
+        breaches = alerts.breaches(lag, oldest, datetime.now(UTC))
     if args.json:
-        print(json.dumps({"pipeline": pipeline.name, "lag": sum(r.lag for r in rows),
-                          "partitions": [asdict(r) for r in rows]}, indent=2))
-        return 0
-    print(tabulate(
-        [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
-         for r in rows],
-        headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
-    ))
+        print(json.dumps({"pipeline": pipeline.name, "lag": lag, "partitions": [asdict(r) for r in rows],
+                          **({"breaches": breaches} if args.check else {})}, indent=2))
+    else:
+        print(tabulate(
+            [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
+             for r in rows],
+            headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
+        ))
+    if breaches:
+        print(f"kafka-batch: pipeline {pipeline.name} is behind: {'; '.join(breaches)}", file=sys.stderr)
+        return BEHIND
     return 0
 
 
@@ -387,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--check", action="store_true",
+                   help=f"exit {BEHIND} with one line when the lag is over the pipeline's alerts (for a cron or a probe)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("batches", help="the newest batches: kind, status, run, ranges, records, duration, error")
     p.add_argument("--pipeline", required=True)

@@ -140,6 +140,26 @@ class Replayable(Model):
         return " or ".join(bounds) or "forever"
 
 
+class Alerts(Model):
+    """How far behind the pipeline may fall: over a bound, `kafka-batch status --check` exits non-zero
+    with one line (for a cron or a probe) and the console page flags the pipeline."""
+
+    max_lag_records: PositiveInt | None = None
+    """Records between the positions and the last stable offsets, summed over the pipeline's partitions."""
+    max_lag_seconds: PositiveNumber | None = None
+    """The age of the oldest record not read yet."""
+
+    def breaches(self, lag: int, oldest_unread_at: datetime | None, now: datetime) -> list[str]:
+        """What is over its bound, one phrase each (empty: within the bounds)."""
+        found = []
+        if self.max_lag_records is not None and lag > self.max_lag_records:
+            found.append(f"lag {lag} records over max_lag_records {self.max_lag_records}")
+        age = None if oldest_unread_at is None or not lag else (now - oldest_unread_at).total_seconds()
+        if self.max_lag_seconds is not None and age is not None and age > self.max_lag_seconds:
+            found.append(f"oldest unread record {age:.0f} s old, over max_lag_seconds {self.max_lag_seconds:g}")
+        return found
+
+
 class Connections(Model):
     """The Airflow connection ids (locally: `AIRFLOW_CONN_*` variables) of the pipeline's endpoints."""
 
@@ -420,6 +440,8 @@ class Pipeline(Model):
     """How the read tasks and the planner talk to Kafka."""
     replayable: Replayable = Replayable()
     """How long committed ranges stay replayable and rewindable range by range (default: forever)."""
+    alerts: Alerts = Alerts()
+    """How far behind the pipeline may fall before `kafka-batch status --check` fails (default: no bound)."""
     connections: Connections = Connections()
     """The Airflow connection ids of the pipeline's endpoints."""
 

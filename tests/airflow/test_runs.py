@@ -35,6 +35,7 @@ from tests.integration.helpers import (
     table_contents,
     update_pipeline,
 )
+from tests.integration.statsd_listener import StatsdListener
 from tests.integration.test_end_to_end import _produce
 from tests.integration.test_operations import DOUBLED
 
@@ -184,3 +185,34 @@ def test_runs_planned_by_time_and_backfills_of_committed_intervals(services):
     sample_data.produce_page_views(kafka_config(), topic, 1, seed=79, start_ms=h0 + 60_000)
     run_dag(pipeline.dag_id, at(h0 + 3 * hour))
     assert table_contents(pipeline) == ground_truth(topic)
+
+
+def test_dag_runs_send_their_metrics_through_airflows_stats(services, monkeypatch):
+    """Airflow's own `[metrics]` (StatsD, tags on the line) carry the plan task's lag, before the batch,
+    and the report task's counts and lag after it: equal to the ledger's and to the topic's."""
+    listener = StatsdListener()
+    for key, value in listener.env().items():
+        monkeypatch.setenv(key, value)
+    try:
+        pipeline = new_pipeline("statsd_dag", limits={"max_records_per_batch": 300})
+        topic = pipeline.topics[0]
+        sample_data.produce_page_views(kafka_config(), topic, 500, seed=64)
+        run_dag(pipeline.dag_id, "2026-01-01T00:00:00+00:00")
+        points = listener.received()
+    finally:
+        listener.close()
+
+    ends = {p: records[-1][0] + 1 for p, records in records_by_partition(topic).items()}  # no transactions: the LSO
+    stored = positions(pipeline.name)
+    lags = [p for p in points if p.name == "kafka_batch.lag.records" and p.tags["pipeline"] == pipeline.name]
+    before, after = lags[:len(ends)], lags[len(ends):]  # the plan task's, then the report task's
+    assert {int(p.tags["partition"]): p.value for p in before} == ends
+    assert {int(p.tags["partition"]): p.value for p in after} == {
+        p: end - stored.get((topic, p), 0) for p, end in ends.items()}
+    (valid, invalid), = query("SELECT records_read, records_invalid FROM kafka_batch.batches WHERE pipeline = %s",
+                              pipeline.name)
+    mine = [p for p in points if p.tags.get("pipeline") == pipeline.name and p.tags.get("kind") == "batch"]
+    assert [p.value for p in mine if p.name == "kafka_batch.batch.records_read"] == [valid + invalid] == [300]
+    assert [p.value for p in mine if p.name == "kafka_batch.batch.committed"] == [1]
+    assert {p.tags["phase"] for p in mine if p.name == "kafka_batch.batch.duration"} == {
+        "plan", "read", "commit", "execute"}

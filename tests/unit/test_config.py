@@ -47,7 +47,7 @@ def test_shipped_pipelines_load():
         ({"limits": {"max_records": 5}}, "limits: unknown key(s) ['max_records']; known: ['max_invalid_ratio',"),
         ({"record": {"fields": {"page": "varchar"}}}, "record.fields.page: Input should be 'string', 'long', 'int', 'double', 'boolean' or 'timestamp' (got 'varchar')"),
         ({"record": {"fields": {"offset": "long"}}}, "clashes with the record column"),
-        ({"colour": "blue"}, "unknown key(s) ['colour']; known: ['connections', 'description',"),
+        ({"colour": "blue"}, "unknown key(s) ['colour']; known: ['alerts', 'connections', 'description',"),
         ({"connections": {"redis": "x"}},
          "connections: unknown key(s) ['redis']; known: ['kafka', 'postgres', 'schema_registry', 'spark']"),
         ({"sinks": {}}, "sinks must name one or more of ['aggregate', 'rows', 'upsert']"),

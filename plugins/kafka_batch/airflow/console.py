@@ -14,6 +14,7 @@ import logging
 import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def _overview_of(pipeline) -> dict:
     from kafka_batch.core import inspection
 
     row = {**_describe(pipeline), "error": None, "kafka_error": None, "lag": None, "oldest_unread_at": None,
-           "partitions": None}
+           "partitions": None, "alerts": pipeline.alerts.model_dump(exclude_none=True), "behind": []}
     conns: list = []
     try:
         services = _opened(pipeline, conns)
@@ -144,6 +145,7 @@ def _overview_of(pipeline) -> dict:
             row["lag"] = sum(p["lag"] for p in parts)
             times = [p["oldest_unread_at"] for p in parts if p["oldest_unread_at"] is not None]
             row["oldest_unread_at"] = min(times) if times else None
+            row["behind"] = pipeline.alerts.breaches(row["lag"], row["oldest_unread_at"], datetime.now(UTC))
     except Exception as exc:
         log.warning("console: pipeline %s: %s", pipeline.name, exc)
         row["error"] = _error(exc, conns)

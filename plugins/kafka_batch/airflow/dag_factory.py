@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from kafka_batch.airflow.operators import BatchSparkSubmitOperator
+from kafka_batch.airflow.operators import BatchSparkSubmitOperator, airflow_stats
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
 
@@ -32,15 +33,29 @@ BATCH_PARAMS = {
 }
 
 
+def _kafka_config(pipeline: Pipeline) -> dict:
+    from kafka_batch import connections
+
+    return connections.kafka_config(connections.from_airflow(pipeline.connections.kafka))
+
+
 def _services(pipeline: Pipeline):
     from kafka_batch import connections
     from kafka_batch.core import database
     from kafka_batch.kafka_source import KafkaOffsets
 
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
-    kafka = KafkaOffsets(connections.kafka_config(connections.from_airflow(pipeline.connections.kafka)),
-                         timeout=pipeline.read.kafka_timeout_seconds)
+    kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)
     return database.connect(postgres), kafka
+
+
+def _observe(pipeline: Pipeline, conn, kafka, batch_id: int | None, extra=()) -> None:
+    """The batch's metrics (None: only the lag) through Airflow's Stats, when Airflow's metrics are on."""
+    from kafka_batch import metrics
+
+    stats = airflow_stats()
+    if stats is not None:
+        metrics.observe_batch(stats, conn, kafka, _kafka_config(pipeline), pipeline, batch_id, extra)
 
 
 def _fail_fast(function):
@@ -92,6 +107,7 @@ def build_dag(pipeline: Pipeline) -> DAG:
                     summary = planning.dry_run(conn, kafka, limited)
                     _log_plan("dry run (nothing persisted)", summary)
                     return summary
+                started = time.monotonic()
                 if pipeline.plan_by == "time":
                     batch = planning.plan_for_interval(
                         conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
@@ -102,6 +118,8 @@ def build_dag(pipeline: Pipeline) -> DAG:
                 if batch.status == "committed" and params["recompute"]:
                     batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                        dag_id=pipeline.dag_id)
+                # Every run reports the lag, with or without work: a lag that grows between runs is seen.
+                _observe(pipeline, conn, kafka, None, _plan_points(pipeline, batch, time.monotonic() - started))
             finally:
                 conn.close()
             summary = batch.summary()
@@ -205,6 +223,12 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
+def _plan_points(pipeline: Pipeline, batch, seconds: float) -> list:
+    from kafka_batch import metrics
+
+    return metrics.plan_points(pipeline.name, batch.kind, seconds) if batch.runnable else []
+
+
 def _log_plan(what: str, summary: dict) -> None:
     log.info("%s: %d ranges, %s offsets", what, len(summary["ranges"]), summary["offsets_planned"])
     for r in summary["ranges"]:
@@ -233,6 +257,7 @@ def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> No
     def report(summary: dict) -> dict:
         """Counts of the batch and lag per partition, for the log and XCom."""
         from kafka_batch.core.report import report as batch_report
+        from kafka_batch.core.state import RUNNABLE
 
         if summary["status"] == "dry_run":
             log.info("dry run: nothing was executed; the plan is in the plan task's log and XCom")
@@ -240,6 +265,8 @@ def _execute_and_report(pipeline: Pipeline, summary, mode: str = "commit") -> No
         conn, kafka = _services(pipeline)
         try:
             result = batch_report(conn, kafka, pipeline, summary["batch_id"])
+            # Counted only where this run executed the batch: planned runnable, now committed.
+            _observe(pipeline, conn, kafka, summary["batch_id"] if summary["status"] in RUNNABLE else None)
         finally:
             conn.close()
         log.info("%s %s %s: %s records, %s quarantined, lag now %s", result["kind"], result["batch_id"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 
-from kafka_batch import connections
+from kafka_batch import connections, metrics
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
 from kafka_batch.spark.execution import batch_execution
@@ -56,6 +56,7 @@ class BatchSparkSubmitOperator(BaseOperator):
             try:
                 execution.run()
             except KafkaBatchError as exc:
+                metrics.send(airflow_stats(), metrics.failure_points(self.pipeline.name, self._kind, exc))
                 if not exc.retryable:
                     raise AirflowFailException(str(exc)) from None
                 raise
@@ -78,9 +79,27 @@ class BatchSparkSubmitOperator(BaseOperator):
                 "records_read": batch.records_read, "records_invalid": batch.records_invalid,
             }
 
+    @property
+    def _kind(self) -> str:
+        """The batch's kind, as its DAG says (dag_factory.build_replay_dag), for a failure's metrics."""
+        return "replay" if self.dag_id.endswith("__replay") else "batch"
+
     def on_kill(self) -> None:
         if self._execution is not None:
             self._execution.kill()
+
+
+def airflow_stats() -> metrics.Stats | None:
+    """Airflow's own Stats when its `[metrics]` send anywhere; None otherwise, so that nothing is read
+    (the lag, the oldest unread record) for metrics no one receives."""
+    from airflow.sdk.configuration import conf
+
+    if not any(conf.getboolean("metrics", key, fallback=False)
+               for key in ("statsd_on", "otel_on", "statsd_datadog_enabled")):
+        return None
+    from airflow.sdk.observability.stats import Stats
+
+    return Stats
 
 
 def sink_assets(pipeline: Pipeline) -> list[Asset]:

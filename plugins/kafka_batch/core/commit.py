@@ -9,6 +9,7 @@ through their interface: this module knows no particular output.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -84,11 +85,13 @@ def _check_outputs(pipeline: Pipeline, outputs: Mapping[str, SinkOutput]) -> Non
 def commit_batch(
     conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
     read_tasks: int | None = None, quarantined: pa.Table | None = None,
-    schema_ids: Mapping[int, Sequence[int]] | None = None,
+    schema_ids: Mapping[int, Sequence[int]] | None = None, read_seconds: float | None = None,
 ) -> CommitResult:
     """Commit one attempt of a batch (with the records it quarantined, and per range the ids of the
-    schemas that wrote its records). Committed already: a no-op success."""
+    schemas that wrote its records). Committed already: a no-op success. `read_seconds` (Spark's read and
+    compute) and the commit's own statements' seconds are kept with the batch: its phases for metrics."""
     _check_outputs(pipeline, outputs)
+    started = time.monotonic()
     with transaction(conn) as cur:
         batch = attempts.lock_current_attempt(cur, pipeline.name, batch_id, attempt)
         if batch.status == BatchStatus.COMMITTED:
@@ -104,7 +107,8 @@ def commit_batch(
         ledger.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
         ledger.record_schema_ids(cur, schema_ids or {})
         data_loss.record_data_loss(cur, pipeline.name, batch_id)
-        batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks)
+        batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks,
+                       phases=(read_seconds, time.monotonic() - started))
         fold_beyond_horizon(cur, pipeline)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), rows)
 

@@ -218,8 +218,10 @@ def run_batch(
              batch.span, batch.definition_hash[:12])
     try:
         decoder = _decoder(pipeline, registry_config)
+        reading = time.monotonic()
         outputs, read_tasks, quarantined, schema_ids = _compute(spark, pipeline, postgres, kafka, decoder, batch,
                                                                 attempt)
+        read_seconds = time.monotonic() - reading
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         timings.mark("commit_start")
         conn = database.connect(postgres)
@@ -228,7 +230,8 @@ def run_batch(
                 result = preview_replay(conn, pipeline, batch_id, attempt, outputs, read_tasks)
                 log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
                 return result
-            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined, schema_ids)
+            result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined, schema_ids,
+                                  read_seconds=read_seconds)
         finally:
             conn.close()
         timings.mark("commit_done")

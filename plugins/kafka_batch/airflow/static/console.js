@@ -69,12 +69,12 @@ async function showOverview() {
       el("td", {}, dagLink(p.dag_id), el("br"), dagLink(p.replay_dag_id)),
       last ? el("td", {class: "last-batch status-" + last.status}, last.kind + " " + last.id + " " + last.status)
         : cell(null, "last-batch"),
-      numCell(p.lag, "lag"),
+      numCell(p.lag, p.behind.length ? "lag behind" : "lag"),
       el("td", {class: "oldest"}, when(p.oldest_unread_at)),
       el("td", {class: "last-commit"}, when(p.last_commit_at)),
       numCell(p.failed_batches, "failed"), numCell(p.data_loss, "data-loss"), numCell(p.resets, "resets"),
       numCell(p.quarantined, "quarantined"),
-      el("td", {class: "error problem"}, p.error || p.kafka_error || ""));
+      el("td", {class: "error problem"}, p.error || p.kafka_error || (p.behind.length ? "behind: " + p.behind.join("; ") : "")));
   }));
   $("#invalid-files").replaceChildren(...data.invalid_files.map(
     (f) => el("p", {class: "error"}, "Invalid pipeline file " + f.file + ": " + f.error)));

@@ -1,0 +1,244 @@
+"""What monitoring sees of the pipelines: one catalog of metric names (METRICS), the points of a batch
+and of a pipeline's lag, and where they are sent.
+
+Airflow tasks send through Airflow's own `Stats` (StatsD or OpenTelemetry, as Airflow's `[metrics]`
+settings choose); the CLI through a StatsD client set up from the same `AIRFLOW__METRICS__*` variables
+(`from_environment`: importing Airflow would cost every command 1.5 s), so one configuration serves both.
+Names sit under `kafka_batch.` (after Airflow's own prefix); tags name the pipeline and, where they
+apply, the topic and partition, the batch's kind, the phase or the error. Plain StatsD has no tags:
+Airflow's `statsd_influxdb_enabled` puts them on the line (`name,pipeline=p:1|c`), which the Prometheus
+StatsD exporter reads as labels; OpenTelemetry makes them attributes.
+
+Sending never fails a batch nor waits for anyone (StatsD is UDP): a backend that cannot be reached is
+said once in the log, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+log = logging.getLogger("kafka_batch.metrics")
+
+PREFIX = "kafka_batch"
+GAUGE, COUNTER, TIMER = "gauge", "counter", "timer"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str
+    tags: tuple[str, ...]
+    description: str
+
+    @property
+    def stat(self) -> str:
+        return f"{PREFIX}.{self.name}"
+
+
+_PARTITION, _BATCH = ("pipeline", "topic", "partition"), ("pipeline", "kind")
+METRICS = {m.name: m for m in (
+    Metric("lag.records", GAUGE, _PARTITION, "records between the position and the last stable offset"),
+    Metric("lag.seconds", GAUGE, _PARTITION, "age of the oldest unread record (0: nothing unread)"),
+    Metric("batch.committed", COUNTER, _BATCH, "batches committed (kind: batch or replay)"),
+    Metric("batch.failed", COUNTER, (*_BATCH, "error"), "attempts that failed, by error (input, state, service, ...)"),
+    Metric("batch.fenced", COUNTER, _BATCH, "attempts that lost a race: fenced by a newer attempt, or their "
+                                            "compare-and-set found the position moved"),
+    Metric("batch.retries", COUNTER, _BATCH, "attempts a committed batch needed beyond its first"),
+    Metric("batch.records_read", COUNTER, _BATCH, "records a committed batch read (valid, tombstones, invalid)"),
+    Metric("batch.records_committed", COUNTER, _BATCH, "records whose effect a committed batch committed"),
+    Metric("batch.records_quarantined", COUNTER, _BATCH, "invalid records a committed batch quarantined"),
+    Metric("batch.records_per_second", GAUGE, _BATCH, "records read per second of the batch's read and compute"),
+    Metric("batch.duration", TIMER, (*_BATCH, "phase"),
+           "a batch's phases in ms: plan, read (Spark reads and computes in one pass), commit, execute (the "
+           "attempt from its start to its commit, Spark's start included)"),
+    Metric("data_loss.offsets", COUNTER, _PARTITION, "offsets deleted by retention before they were read"),
+    Metric("resets", COUNTER, (*_PARTITION, "direction"), "positions moved by hand (direction: rewind or skip)"),
+)}
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    value: float
+    tags: Mapping[str, str]
+
+    @property
+    def metric(self) -> Metric:
+        return METRICS[self.name]
+
+
+class Stats(Protocol):
+    """What Airflow's `Stats` offers, and the CLI's StatsD client too."""
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: dict | None = None) -> None: ...
+
+    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False, *,
+              tags: dict | None = None) -> None: ...
+
+    def timing(self, stat: str, dt: float, *, tags: dict | None = None) -> None: ...
+
+
+def _point(name: str, value: float, **tags) -> Point:
+    metric = METRICS[name]
+    assert set(tags) == set(metric.tags), f"{name} is tagged {metric.tags}, not {sorted(tags)}"
+    return Point(name, value, {k: str(v) for k, v in tags.items()})
+
+
+def batch_points(facts: Mapping) -> list[Point]:
+    """The points of a committed batch, from its row in the ledger (`core.report.batch_facts`)."""
+    tags = {"pipeline": facts["pipeline"], "kind": facts["kind"]}
+    valid, tombstones, invalid = (facts[k] or 0 for k in ("records_read", "records_tombstone", "records_invalid"))
+    read = valid + tombstones + invalid
+    points = [
+        _point("batch.committed", 1, **tags),
+        _point("batch.retries", max(0, (facts["attempt"] or 1) - 1), **tags),
+        _point("batch.records_read", read, **tags),
+        _point("batch.records_committed", valid + tombstones, **tags),
+        _point("batch.records_quarantined", invalid, **tags),
+    ]
+    phases = {"read": facts["read_seconds"], "commit": facts["commit_seconds"], "execute": facts["execute_seconds"]}
+    points += [_point("batch.duration", seconds * 1000, **tags, phase=phase)
+               for phase, seconds in phases.items() if seconds is not None]
+    if facts["read_seconds"]:
+        points.append(_point("batch.records_per_second", read / facts["read_seconds"], **tags))
+    points += [_point("data_loss.offsets", lost, pipeline=facts["pipeline"], topic=topic, partition=partition)
+               for (topic, partition), lost in facts["offsets_lost"].items()]
+    return points
+
+
+def failure_points(pipeline: str, kind: str, error: Exception) -> list[Point]:
+    """An attempt that failed: its error's kind, and whether it lost a race (a StateError: fenced by a
+    newer attempt, or the position had moved)."""
+    from kafka_batch.errors import StateError
+
+    name = type(error).__name__.removesuffix("Error").lower() or "error"
+    points = [_point("batch.failed", 1, pipeline=pipeline, kind=kind, error=name)]
+    if isinstance(error, StateError):
+        points.append(_point("batch.fenced", 1, pipeline=pipeline, kind=kind))
+    return points
+
+
+def plan_points(pipeline: str, kind: str, seconds: float) -> list[Point]:
+    return [_point("batch.duration", seconds * 1000, pipeline=pipeline, kind=kind, phase="plan")]
+
+
+def lag_points(pipeline: str, partitions: Iterable[Mapping], now: datetime) -> list[Point]:
+    """Per partition: the lag in records and the oldest unread record's age (`inspection.partitions`)."""
+    points = []
+    for p in partitions:
+        where = {"pipeline": pipeline, "topic": p["topic"], "partition": p["partition"]}
+        oldest = p.get("oldest_unread_at")
+        age = 0.0 if not p["lag"] or oldest is None else max(0.0, (now - oldest).total_seconds())
+        points += [_point("lag.records", p["lag"], **where), _point("lag.seconds", age, **where)]
+    return points
+
+
+def reset_points(pipeline: str, resets: Iterable) -> list[Point]:
+    """The positions a rewind or skip moved (`core.resets.Reset`), by how many offsets."""
+    return [_point("resets", abs(r.position - r.target), pipeline=pipeline, topic=r.topic, partition=r.partition,
+                   direction=r.direction) for r in resets if r.direction != "none"]
+
+
+def observe_batch(stats: Stats | None, conn, kafka, kafka_config: dict, pipeline, batch_id: int | None,
+                  extra: Iterable[Point] = ()) -> None:
+    """After a batch (None: a plan without one): its points when it committed, and the pipeline's lag
+    now, with the oldest unread record's age (one small fetch per lagging partition). Nothing is asked
+    of Postgres or Kafka when metrics are off."""
+    if stats is None:
+        return
+    from datetime import UTC
+
+    from kafka_batch.core import inspection, report
+
+    points = list(extra)
+    try:
+        if batch_id is not None:
+            facts = report.batch_facts(conn, batch_id)
+            if facts["status"] == "committed":
+                points += batch_points(facts)
+        points += lag_points(pipeline.name, inspection.partitions(conn, kafka, kafka_config, pipeline),
+                             datetime.now(UTC))
+    except Exception as exc:  # noqa: BLE001 - monitoring must never fail a batch
+        _say_once(f"metrics: could not read what batch {batch_id} of {pipeline.name} did ({exc})")
+    send(stats, points)
+
+
+_warned: set[str] = set()
+
+
+def send(stats: Stats | None, points: Iterable[Point]) -> None:
+    """Best effort: a point that cannot be sent is dropped, said once per process and reason."""
+    if stats is None:
+        return
+    for point in points:
+        metric = point.metric
+        try:
+            if metric.kind == COUNTER:
+                stats.incr(metric.stat, int(point.value), tags=dict(point.tags))
+            elif metric.kind == GAUGE:
+                stats.gauge(metric.stat, point.value, tags=dict(point.tags))
+            else:
+                stats.timing(metric.stat, point.value, tags=dict(point.tags))
+        except Exception as exc:  # noqa: BLE001 - monitoring must never fail a batch
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason not in _warned:
+                _warned.add(reason)
+                log.warning("metrics: could not send %s (%s); going on without it", metric.stat, reason)
+
+
+def _on(name: str) -> bool:
+    return os.environ.get(f"AIRFLOW__METRICS__{name}", "").strip().lower() in ("true", "1", "t", "yes", "on")
+
+
+class StatsdStats:
+    """A StatsD client that writes what Airflow's would: Airflow's prefix, then ours; with
+    `statsd_influxdb_enabled`, the tags on the line."""
+
+    def __init__(self, host: str, port: int, prefix: str, influxdb_tags: bool):
+        from statsd import StatsClient
+
+        self._client = StatsClient(host, port, prefix=prefix or None)
+        self._tagged = influxdb_tags
+
+    def _name(self, stat: str, tags: dict | None) -> str:
+        if not self._tagged or not tags:
+            return stat
+        return stat + "".join(f",{k}={v}" for k, v in tags.items() if not set(f"{k}{v}") & {",", "=", " "})
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: dict | None = None) -> None:
+        self._client.incr(self._name(stat, tags), count, rate)
+
+    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: dict | None = None) -> None:
+        self._client.gauge(self._name(stat, tags), value, rate, delta)
+
+    def timing(self, stat: str, dt: float, *, tags: dict | None = None) -> None:
+        self._client.timing(self._name(stat, tags), dt)
+
+
+def from_environment() -> Stats | None:
+    """The CLI's client, from Airflow's `[metrics]` variables; None when metrics are off (or cannot be)."""
+    if not _on("STATSD_ON"):
+        if _on("OTEL_ON"):
+            _say_once("metrics: the kafka-batch command sends StatsD only (AIRFLOW__METRICS__STATSD_ON);"
+                      " OpenTelemetry metrics come from the Airflow tasks")
+        return None
+    env = os.environ.get
+    try:
+        return StatsdStats(env("AIRFLOW__METRICS__STATSD_HOST", "localhost"),
+                           int(env("AIRFLOW__METRICS__STATSD_PORT", "8125")),
+                           env("AIRFLOW__METRICS__STATSD_PREFIX", "airflow"), _on("STATSD_INFLUXDB_ENABLED"))
+    except Exception as exc:  # noqa: BLE001 - e.g. a host that does not resolve: no metrics, the batch goes on
+        _say_once(f"metrics: StatsD at {env('AIRFLOW__METRICS__STATSD_HOST')}:{env('AIRFLOW__METRICS__STATSD_PORT')}"
+                  f" unusable ({exc}); no metrics from this command")
+        return None
+
+
+def _say_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)

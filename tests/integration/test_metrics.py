@@ -1,0 +1,113 @@
+"""What monitoring sees of a batch run by the CLI (kafka_batch.metrics), through a real StatsD socket
+configured by Airflow's own AIRFLOW__METRICS__* variables, checked against the ledger and against the
+topic read by a plain consumer; and `kafka-batch status --check` against the pipeline's alerts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    kafka_config,
+    new_pipeline,
+    positions,
+    query,
+    records_by_partition,
+    run_cli,
+    update_pipeline,
+)
+from tests.integration.statsd_listener import StatsdListener
+from tests.integration.test_end_to_end import _produce
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def statsd():
+    listener = StatsdListener()
+    yield listener
+    listener.close()
+
+
+def _one(points, name: str, **tags) -> float:
+    found = [p.value for p in points if p.name == name and all(p.tags.get(k) == str(v) for k, v in tags.items())]
+    assert len(found) == 1, f"{name} {tags}: {found} in {[(p.name, p.tags) for p in points]}"
+    return found[0]
+
+
+def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, statsd):
+    pipeline = new_pipeline("metrics", limits={"max_records_per_batch": 600})
+    topic = pipeline.topics[0]
+    _produce(topic, [b"{not json"], partition=0)  # first: inside the batch's ranges
+    sample_data.produce_page_views(kafka_config(), topic, 1500, seed=61)
+
+    before = time.time()
+    run_cli("run", "--pipeline", pipeline.name, env=statsd.env())
+    after = time.time()
+    points = statsd.received()
+
+    # The batch's counts are the ledger's, and what it read is what the topic holds in its ranges.
+    ranges = query("SELECT partition, from_offset, until_offset FROM kafka_batch.batch_ranges r JOIN"
+                   " kafka_batch.batches b ON b.id = r.batch_id WHERE b.pipeline = %s", pipeline.name)
+    topic_records = records_by_partition(topic)
+    in_ranges = sum(1 for p, lo, hi in ranges for offset, _ in topic_records[p] if lo <= offset < hi)
+    (valid, tombstones, invalid, attempt), = query(
+        "SELECT records_read, records_tombstone, records_invalid, attempt FROM kafka_batch.batches WHERE pipeline = %s",
+        pipeline.name)
+    tags = {"pipeline": pipeline.name, "kind": "batch"}
+    assert _one(points, "kafka_batch.batch.records_read", **tags) == valid + tombstones + invalid == in_ranges == 600
+    assert _one(points, "kafka_batch.batch.records_committed", **tags) == valid + tombstones
+    assert _one(points, "kafka_batch.batch.records_quarantined", **tags) == invalid == 1
+    assert _one(points, "kafka_batch.batch.committed", **tags) == 1
+    assert _one(points, "kafka_batch.batch.retries", **tags) == attempt - 1 == 0
+    for phase in ("plan", "read", "commit", "execute"):
+        assert 0 < _one(points, "kafka_batch.batch.duration", **tags, phase=phase) < (after - before) * 1000
+    assert _one(points, "kafka_batch.batch.records_per_second", **tags) > 0
+
+    # The lag per partition: the last stable offset (no transactions here: the end of the partition, read
+    # by a plain consumer) minus the position; its age, that of the record at the position.
+    stored = positions(pipeline.name)
+    assert sum(len(r) for r in topic_records.values()) - sum(stored.values()) == 901
+    for partition, records in topic_records.items():
+        where = {"pipeline": pipeline.name, "topic": topic, "partition": partition}
+        position = stored.get((topic, partition), 0)
+        assert _one(points, "kafka_batch.lag.records", **where) == records[-1][0] + 1 - position
+        age = _one(points, "kafka_batch.lag.seconds", **where)
+        if position > records[-1][0]:
+            assert age == 0
+        else:
+            written = dict(records)[position] / 1000
+            assert before - written - 1 <= age <= after - written + 1
+
+
+def test_status_check_fails_over_the_alerts_with_one_line(services):
+    pipeline = new_pipeline("alerts", limits={"max_records_per_batch": 100})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 400, seed=62)
+    unchecked = run_cli("status", "--pipeline", pipeline.name, "--check", check=False)
+    assert unchecked.returncode == 2 and "defines no alerts" in unchecked.stderr
+
+    update_pipeline(pipeline.name, alerts={"max_lag_records": 399})
+    behind = run_cli("status", "--pipeline", pipeline.name, "--check", check=False)
+    assert behind.returncode == 7, behind.stderr
+    assert behind.stderr.strip().splitlines() == [
+        f"kafka-batch: pipeline {pipeline.name} is behind: lag 400 records over max_lag_records 399"]
+
+    run_cli("run", "--pipeline", pipeline.name)  # 100 read: 300 behind, under the bound
+    assert run_cli("status", "--pipeline", pipeline.name, "--check").returncode == 0
+
+    # The oldest unread record's age: the sample's records carry times of the past.
+    update_pipeline(pipeline.name, alerts={"max_lag_seconds": 1})
+    aged = run_cli("status", "--pipeline", pipeline.name, "--check", "--json", check=False)
+    assert aged.returncode == 7 and "over max_lag_seconds 1" in aged.stderr
+
+
+def test_metrics_that_cannot_be_sent_never_fail_a_batch(services):
+    pipeline = new_pipeline("nometrics")
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 200, seed=63)
+    result = run_cli("run", "--pipeline", pipeline.name, env={
+        "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "statsd.invalid"})
+    assert sum(positions(pipeline.name).values()) == 200
+    assert result.stderr.count("metrics: StatsD at statsd.invalid:") == 1, result.stderr
