@@ -19,8 +19,10 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
+
+from kafka_batch.errors import StateError
 
 log = logging.getLogger("kafka_batch.metrics")
 
@@ -114,8 +116,6 @@ def batch_points(facts: Mapping) -> list[Point]:
 def failure_points(pipeline: str, kind: str, error: Exception) -> list[Point]:
     """An attempt that failed: its error's kind, and whether it lost a race (a StateError: fenced by a
     newer attempt, or the position had moved)."""
-    from kafka_batch.errors import StateError
-
     name = type(error).__name__.removesuffix("Error").lower() or "error"
     points = [_point("batch.failed", 1, pipeline=pipeline, kind=kind, error=name)]
     if isinstance(error, StateError):
@@ -151,8 +151,6 @@ def observe_batch(stats: Stats | None, conn, kafka, kafka_config: dict, pipeline
     of Postgres or Kafka when metrics are off."""
     if stats is None:
         return
-    from datetime import UTC
-
     from kafka_batch.core import inspection, report
 
     points = list(extra)
@@ -186,9 +184,7 @@ def send(stats: Stats | None, points: Iterable[Point]) -> None:
                 stats.timing(metric.stat, point.value, tags=dict(point.tags))
         except Exception as exc:  # noqa: BLE001 - monitoring must never fail a batch
             reason = f"{type(exc).__name__}: {exc}"
-            if reason not in _warned:
-                _warned.add(reason)
-                log.warning("metrics: could not send %s (%s); going on without it", metric.stat, reason)
+            _say_once(f"metrics: could not send {metric.stat} ({reason}); going on without it", key=reason)
 
 
 def _on(name: str) -> bool:
@@ -228,17 +224,18 @@ def from_environment() -> Stats | None:
                       " OpenTelemetry metrics come from the Airflow tasks")
         return None
     env = os.environ.get
+    host, port = env("AIRFLOW__METRICS__STATSD_HOST", "localhost"), env("AIRFLOW__METRICS__STATSD_PORT", "8125")
     try:
-        return StatsdStats(env("AIRFLOW__METRICS__STATSD_HOST", "localhost"),
-                           int(env("AIRFLOW__METRICS__STATSD_PORT", "8125")),
-                           env("AIRFLOW__METRICS__STATSD_PREFIX", "airflow"), _on("STATSD_INFLUXDB_ENABLED"))
+        return StatsdStats(host, int(port), env("AIRFLOW__METRICS__STATSD_PREFIX", "airflow"),
+                           _on("STATSD_INFLUXDB_ENABLED"))
     except Exception as exc:  # noqa: BLE001 - e.g. a host that does not resolve: no metrics, the batch goes on
-        _say_once(f"metrics: StatsD at {env('AIRFLOW__METRICS__STATSD_HOST')}:{env('AIRFLOW__METRICS__STATSD_PORT')}"
-                  f" unusable ({exc}); no metrics from this command")
+        _say_once(f"metrics: StatsD at {host}:{port} unusable ({exc}); no metrics from this command")
         return None
 
 
-def _say_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
+def _say_once(message: str, key: str | None = None) -> None:
+    """Log `message` the first time its `key` (by default the message itself) is seen in this process."""
+    key = message if key is None else key
+    if key not in _warned:
+        _warned.add(key)
         log.warning(message)

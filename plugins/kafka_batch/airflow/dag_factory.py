@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException
 
+from kafka_batch import metrics
 from kafka_batch.airflow.operators import BatchSparkSubmitOperator, airflow_stats
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
@@ -51,8 +52,6 @@ def _services(pipeline: Pipeline):
 
 def _observe(pipeline: Pipeline, conn, kafka, batch_id: int | None, extra=()) -> None:
     """The batch's metrics (None: only the lag) through Airflow's Stats, when Airflow's metrics are on."""
-    from kafka_batch import metrics
-
     stats = airflow_stats()
     if stats is not None:
         metrics.observe_batch(stats, conn, kafka, _kafka_config(pipeline), pipeline, batch_id, extra)
@@ -119,7 +118,8 @@ def build_dag(pipeline: Pipeline) -> DAG:
                     batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                        dag_id=pipeline.dag_id)
                 # Every run reports the lag, with or without work: a lag that grows between runs is seen.
-                _observe(pipeline, conn, kafka, None, _plan_points(pipeline, batch, time.monotonic() - started))
+                planned = metrics.plan_points(pipeline.name, batch.kind, time.monotonic() - started) if batch.runnable else []
+                _observe(pipeline, conn, kafka, None, planned)
             finally:
                 conn.close()
             summary = batch.summary()
@@ -221,12 +221,6 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
 
         _execute_and_report(pipeline, plan(), mode="{{ 'preview' if params.dry_run else 'commit' }}")
     return dag
-
-
-def _plan_points(pipeline: Pipeline, batch, seconds: float) -> list:
-    from kafka_batch import metrics
-
-    return metrics.plan_points(pipeline.name, batch.kind, seconds) if batch.runnable else []
 
 
 def _log_plan(what: str, summary: dict) -> None:
