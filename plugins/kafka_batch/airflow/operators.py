@@ -5,7 +5,8 @@ Its outlets are one Asset per sink table, named `kafka_batch.<table>` (`sink_ass
 on `Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
 records an outlet event whenever the task succeeds, so the task succeeds only when the batch really
 committed now; a replay's dry run (preview) ends `skipped`, and empty plans, dry runs and batches
-committed before never reach this task (`has_work`).
+committed before never reach this task (`has_work`). With OpenLineage on, a commit's lineage (the
+topics and exact ranges read, the tables written: kafka_batch.airflow.lineage) goes to the catalog.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class BatchSparkSubmitOperator(BaseOperator):
         self.batch_id = batch_id
         self.mode = mode
         self._execution = None
+        self._lineage = None  # a commit's, when OpenLineage is on (kafka_batch.airflow.lineage): no secret in it
 
     def execute(self, context) -> None:
         postgres = connections.from_airflow(self.pipeline.connections.postgres)
@@ -60,15 +62,22 @@ class BatchSparkSubmitOperator(BaseOperator):
                 if not exc.retryable:
                     raise AirflowFailException(str(exc)) from None
                 raise
-        self._announce(context, connections.postgres_params(postgres), batch_id)
+        self._announce(context, connections.postgres_params(postgres), connections.kafka_config(kafka), batch_id)
 
-    def _announce(self, context, postgres: dict, batch_id: int) -> None:
-        """Attach the batch to each outlet's event; anything but a commit skips the task (no event)."""
-        from kafka_batch.core import batches, database
+    def _announce(self, context, postgres: dict, kafka: dict, batch_id: int) -> None:
+        """Attach the batch to each outlet's event and, when OpenLineage is on, keep its lineage from the
+        ledger; anything but a commit skips the task (no event, no lineage)."""
+        from airflow.providers.openlineage.conf import is_disabled
 
+        from kafka_batch.core import batches, database, report
+
+        lineage = not is_disabled()
         conn = database.connect(postgres)
         try:
-            batch = batches.load_batch(conn, batch_id)
+            if lineage:
+                batch, rows_written, columns = report.batch_lineage(conn, batch_id, self.pipeline.tables)
+            else:
+                batch = batches.load_batch(conn, batch_id)
         finally:
             conn.close()
         if batch.status != "committed":
@@ -78,6 +87,15 @@ class BatchSparkSubmitOperator(BaseOperator):
                 "pipeline": self.pipeline.name, "batch_id": batch.id, "kind": batch.kind,
                 "records_read": batch.records_read, "records_invalid": batch.records_invalid,
             }
+        if lineage:  # its classes cost a task half a second to import: only when someone receives it
+            from kafka_batch.airflow.lineage import batch_lineage
+
+            self._lineage = batch_lineage(self.pipeline, kafka, postgres, batch, rows_written, columns)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        """OpenLineage's provider asks this after a success: the topics and exact ranges a commit read,
+        the tables it wrote (kafka_batch.airflow.lineage)."""
+        return self._lineage
 
     @property
     def _kind(self) -> str:

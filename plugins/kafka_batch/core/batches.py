@@ -7,6 +7,7 @@ follow `core.state`; a newer plan supersedes batches that never committed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from kafka_batch.config import Pipeline, from_snapshot
@@ -216,16 +217,18 @@ def supersede_planned(cur, pipeline_name: str, why: str) -> None:
 
 
 def finish(cur, batch: Batch, new: BatchStatus, counts: dict, read_tasks: int | None = None,
-           phases: tuple[float | None, float | None] = (None, None)) -> None:
+           phases: tuple[float | None, float | None] = (None, None), rows_written: dict[str, int] | None = None) -> None:
     """The commit's (or preview's) last step: the batch's final status and counts, under its lock;
-    `phases`: the seconds of its read (and compute) and of its commit, for metrics."""
+    `phases`: the seconds of its read (and compute) and of its commit, for metrics; `rows_written`: the
+    rows it changed per table, for lineage."""
     check(batch.id, batch.status, new)
     set_status(cur, batch.id, new, attempt=batch.attempt)
     cur.execute(
         "UPDATE kafka_batch.batches SET records_read = %s, records_tombstone = %s, records_invalid = %s,"
-        " read_tasks = %s, read_seconds = %s, commit_seconds = %s WHERE id = %s",
+        " read_tasks = %s, read_seconds = %s, commit_seconds = %s, rows_written = %s WHERE id = %s",
         (sum(c.records for c in counts.values()), sum(c.tombstones for c in counts.values()),
-         sum(c.invalid for c in counts.values()), read_tasks, *phases, batch.id),
+         sum(c.invalid for c in counts.values()), read_tasks, *phases,
+         None if rows_written is None else json.dumps(rows_written), batch.id),
     )
 
 

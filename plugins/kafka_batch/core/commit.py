@@ -89,7 +89,8 @@ def commit_batch(
 ) -> CommitResult:
     """Commit one attempt of a batch (with the records it quarantined, and per range the ids of the
     schemas that wrote its records). Committed already: a no-op success. `read_seconds` (Spark's read and
-    compute) and the commit's own statements' seconds are kept with the batch: its phases for metrics."""
+    compute) and the commit's own statements' seconds are kept with the batch (its phases for metrics), and
+    the rows it changed in each table (for lineage)."""
     _check_outputs(pipeline, outputs)
     started = time.monotonic()
     with transaction(conn) as cur:
@@ -101,16 +102,16 @@ def commit_batch(
             retire_ranges(cur, pipeline, _replaced(cur, batch_id), f"replay batch {batch_id}")
         else:
             positions.move_positions(cur, pipeline.name, batch_id, batch.ranges)
-        rows = sum(sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks)
+        rows = {sink.table: sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks}
         if quarantined is not None:
             quarantine.keep(cur, pipeline.name, batch_id, quarantined)
         ledger.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
         ledger.record_schema_ids(cur, schema_ids or {})
         data_loss.record_data_loss(cur, pipeline.name, batch_id)
         batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks,
-                       phases=(read_seconds, time.monotonic() - started))
+                       phases=(read_seconds, time.monotonic() - started), rows_written=rows)
         fold_beyond_horizon(cur, pipeline)
-    return CommitResult(batch_id, False, sum(c.records for c in counts.values()), rows)
+    return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 
 def preview_replay(

@@ -66,3 +66,20 @@ def batch_facts(conn, batch_id: int) -> dict:
     names = ("pipeline", "kind", "status", "attempt", "records_read", "records_tombstone", "records_invalid",
              "read_seconds", "commit_seconds", "execute_seconds")
     return {**dict(zip(names, row, strict=True)), "offsets_lost": lost}
+
+
+def batch_lineage(conn, batch_id: int, tables: tuple[str, ...]) -> tuple[batches.Batch, dict[str, int], dict]:
+    """What lineage says of a batch: the batch (its kind, attempt and exact ranges), the rows it changed
+    per table when it committed, and each output table's columns [(name, type)] as Postgres has them."""
+    batch = batches.load_batch(conn, batch_id)
+    with transaction(conn) as cur:
+        cur.execute("SELECT rows_written FROM kafka_batch.batches WHERE id = %s", (batch_id,))
+        rows = cur.fetchone()[0] or {}
+        cur.execute("SELECT table_name, column_name, data_type FROM information_schema.columns"
+                    " WHERE table_schema = 'public' AND table_name = ANY(%s) ORDER BY table_name, ordinal_position",
+                    (list(tables),))
+        columns: dict[str, list[tuple[str, str]]] = {}
+        for table, column, kind in cur.fetchall():
+            columns.setdefault(table, []).append((column, kind))
+    return batch, rows, columns
+

@@ -149,7 +149,8 @@ class AggregateSink(Sink):
         return pc.any(same_key).as_py()
 
     def apply(self, cur, result: pa.Table) -> int:
-        """Keep each range's contribution (COPYed straight in) and add them to the totals with one MERGE.
+        """Keep each range's contribution (COPYed straight in) and add them to the totals with one MERGE;
+        returns the totals' rows it changed.
 
         The commit holds the pipeline's lock, so no other writer touches the totals meanwhile. Rows go
         in key order, so the primary key is filled page after page instead of at random. The planner
@@ -179,7 +180,7 @@ class AggregateSink(Sink):
                 measures=names(measures), new=names(keys + measures, "a"),
                 updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} + a.{m}").format(m=sql.Identifier(m))
                                            for m in measures)), (range_ids,))
-        return result.num_rows
+        return cur.rowcount  # the totals' rows the MERGE inserted or updated
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
         """Take the ranges' contributions out of the totals exactly; keys left with none disappear."""

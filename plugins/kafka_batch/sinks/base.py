@@ -252,7 +252,8 @@ class Sink(Model, ABC):
 
     @abstractmethod
     def apply(self, cur, result: Any) -> int:
-        """Inside the commit transaction: make the batch's result visible; returns rows written."""
+        """Inside the commit transaction: make the batch's result visible; returns the output table's rows it
+        inserted, updated or deleted (the ledger keeps them per table, for lineage)."""
 
     @abstractmethod
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
