@@ -14,6 +14,8 @@ produces the data, plans every batch, then measures (each with the load average 
   fixed cost      a 1,000-record batch, with the phases of its timings, against the plain consumer's whole
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
                   killed its Python workers)
+  metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
+                  backend that is down (a host that does not resolve), against the same with metrics off
   commit          commit_batch of 100k distinct aggregate contribution rows
   many keys       records over about as many (user, minute) keys: the job via Spark Connect and spark-submit
                   against the plain consumer aggregating the same, and the commit of that many contribution rows
@@ -346,13 +348,14 @@ def phases(marks: list[dict], spawned: float | None = None, ended: float | None 
     return {name: round(b - a, 2) for name, a, b in spans if a is not None and b is not None}
 
 
-def cli_run(pipeline, run_id: str | None = None) -> tuple[float, dict[str, float]]:
+def cli_run(pipeline, run_id: str | None = None, env: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
     """`kafka-batch run` of the pipeline (the batch of `run_id`, else its next one), timed from the command's
-    start as a user sees it: (seconds, its phases from the timings marks)."""
+    start as a user sees it: (seconds, its phases from the timings marks); `env` over the environment."""
     marks = Path(tempfile.mkstemp(prefix="kafka_batch_timings_")[1])
     command = [KAFKA_BATCH, "run", "--pipeline", pipeline.name, *(["--run-id", run_id] if run_id else [])]
     started_wall, started = time.time(), time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, timings.ENV: str(marks)})
+    result = subprocess.run(command, capture_output=True, text=True,
+                            env={**os.environ, **(env or {}), timings.ENV: str(marks)})
     seconds = time.monotonic() - started
     if result.returncode != 0:
         raise RuntimeError(f"kafka-batch {' '.join(command[1:])} failed: {result.stderr[-2000:]}")
@@ -794,8 +797,7 @@ def main() -> int:
     parser.add_argument("--after-abort-records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of each part's measures; each figure is its best round")
-    parser.add_argument("--only", help="comma-separated parts (json, fixed, commit, upsert, many-keys, avro,"
-                        " after-abort); their targets only")
+    parser.add_argument("--only", help=f"comma-separated parts ({', '.join(PARTS)}); their targets only")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
     args = parser.parse_args()
@@ -908,14 +910,46 @@ def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
+def measure_metrics(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """A small batch with metrics off, on (a listening StatsD socket) and on with the backend down, in
+    interleaved rounds: a backend that is down must not slow a batch (target 12)."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives and drops: a backend that is up
+    listener.bind(("127.0.0.1", 0))
+    statsd = {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}
+    cases = {"metrics off": {}, "metrics on": {**statsd, "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                                               "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1])},
+             "metrics backend down": {**statsd, "AIRFLOW__METRICS__STATSD_HOST": "statsd.invalid"}}
+    topic = f"{env.prefix}_metrics"
+    sample_data.ensure_topic(env.kafka, topic, 1)
+    pipeline = env.pipeline("metrics", topic, CONNECT)
+    sample_data.produce_page_views(env.kafka, topic, args.fixed_records, seed=4)
+    cli_run(pipeline)  # the session's first batch starts its Python workers
+    best = {}
+    try:
+        for n in range(args.repeat):
+            for label, variables in cases.items():
+                sample_data.produce_page_views(env.kafka, topic, args.fixed_records, seed=40 + n)
+                settle()
+                seconds, breakdown = cli_run(pipeline, env=variables)
+                best[label] = row(f"batch, {label}", seconds, "s", f"kafka-batch run of {args.fixed_records:,}"
+                                  f" records, Spark Connect; phases {breakdown}", phases=breakdown)["value"]
+    finally:
+        listener.close()
+    return [("12 batch with the metrics backend down / up <= 1.05", best["metrics backend down"] / best["metrics on"],
+             1.05, "<=")]
+
+
 def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
     commit_s = commit_rows(env, args.commit_rows)
     row("commit", commit_s, "s", f"{args.commit_rows:,} distinct contribution rows")
     return [(f"5 commit of {args.commit_rows // 1000}k rows (s) <= 2", commit_s, 2, "<=")]
 
 
-PARTS = {"json": measure_json, "fixed": measure_fixed, "commit": measure_commit, "upsert": measure_upsert,
-         "many-keys": measure_many_keys, "avro": measure_avro, "after-abort": measure_after_abort}
+PARTS = {"json": measure_json, "fixed": measure_fixed, "metrics": measure_metrics, "commit": measure_commit,
+         "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
+         "after-abort": measure_after_abort}
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:
