@@ -82,4 +82,3 @@ def batch_lineage(conn, batch_id: int, tables: tuple[str, ...]) -> tuple[batches
         for table, column, kind in cur.fetchall():
             columns.setdefault(table, []).append((column, kind))
     return batch, rows, columns
-
