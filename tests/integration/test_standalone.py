@@ -37,7 +37,7 @@ def _master_state(ui_port: int) -> dict:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
             return json.load(response)
-    except OSError:
+    except (OSError, ValueError):  # not answering yet, or an HTML page while the master's UI starts (seen in CI)
         return {}
 
 
