@@ -590,6 +590,8 @@ def load_pipelines(directory: Path | None = None, invalid: dict[str, str] | None
             clash = [t for t in pipeline.tables if t in tables]
             if clash:
                 raise InputError(f"pipelines {tables[clash[0]]!r} and {pipeline.name!r} both write table {clash[0]!r}")
+        except FileNotFoundError:  # removed since the listing (an editor's save, a deploy): it defines nothing now
+            continue
         except InputError as exc:
             if invalid is None:
                 raise

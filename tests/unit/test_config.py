@@ -103,6 +103,15 @@ def test_two_pipelines_cannot_share_a_table(tmp_path):
         load_pipelines(tmp_path)
 
 
+def test_a_file_gone_between_listing_and_reading_defines_nothing(tmp_path):
+    # A link to nothing is listed like a file removed right after the listing (an editor's save, a deploy).
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(with_changes(name="a")))
+    (tmp_path / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
+    invalid: dict = {}
+    assert list(load_pipelines(tmp_path, invalid)) == ["a"] and invalid == {}
+    assert list(load_pipelines(tmp_path)) == ["a"]
+
+
 def test_a_definition_round_trips_through_its_snapshot():
     import json
 

@@ -276,8 +276,10 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
             timings.mark("computed")
-            quarantined = _quarantine(spark, kafka, decoder, tasks, pipeline, batch,
-                                      next(iter(outputs.values())).counts)
+            counts = next(iter(outputs.values())).counts
+            quarantined = _quarantine(spark, kafka, decoder, tasks, pipeline, batch, counts)
+            schema_ids = _schema_ids(schemas, counts, lambda: read_ranges(spark, kafka, tasks, pipeline.read,
+                                                                          _columns(pipeline), None, decoder))
         except Exception as exc:
             if watch.fenced_by is not None:
                 raise FencedAttempt(
@@ -295,7 +297,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             spark.removeTag(batch_tag(batch.id))
             records.unpersist()
             progress.close()
-    return outputs, read_tasks, quarantined, _schema_ids(schemas)
+    return outputs, read_tasks, quarantined, schema_ids
 
 
 def _observe_schema_ids(read, pipeline: Pipeline):
@@ -311,11 +313,21 @@ def _observe_schema_ids(read, pipeline: Pipeline):
     return read.observe(observation, pairs.alias("pairs")), observation
 
 
-def _schema_ids(observation) -> dict[int, list[int]]:
+def _schema_ids(observation, counts: dict, read_again: Callable) -> dict[int, list[int]]:
+    """Per range, the ids of the schemas that wrote its values. Spark Connect can answer an action
+    without its observed metrics (seen under load): a range with decoded records and no id was then
+    not observed, and one more read of the ranges finds its ids."""
     if observation is None:
         return {}
+    pairs = observation.get.get("pairs") or ()
+    observed = {pair["range_id"] for pair in pairs}
+    if any(c.records and range_id not in observed for range_id, c in counts.items()):
+        log.warning("the read's schema ids were not observed; reading the ranges again for them")
+        from pyspark.sql import functions as F
+
+        pairs = read_again().select("range_id", F.col(schema_id_column("value")).alias("schema_id")).distinct().collect()
     found: dict[int, set[int]] = {}
-    for pair in observation.get.get("pairs") or ():
+    for pair in pairs:
         if pair["schema_id"] is not None:
             found.setdefault(pair["range_id"], set()).add(pair["schema_id"])
     return {range_id: sorted(ids) for range_id, ids in found.items()}
