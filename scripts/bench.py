@@ -15,7 +15,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
                   killed its Python workers)
   metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
-                  backend that is down (a host that does not resolve), against the same with metrics off
+                  backend that is down (a host that does not resolve), the same with OpenTelemetry (an
+                  OTLP receiver, a closed port), against the same with metrics off
   commit          commit_batch of 100k distinct aggregate contribution rows
   many keys       records over about as many (user, minute) keys: the job via Spark Connect and spark-submit
                   against the plain consumer aggregating the same, and the commit of that many contribution rows
@@ -42,6 +43,7 @@ Targets live here, not in tests. BENCH_ARGS scales it down: --records 200000 --s
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import multiprocessing
 import os
@@ -910,17 +912,38 @@ def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that takes every export and keeps nothing: a backend that is up."""
+
+    def do_POST(self):  # noqa: N802 - the http.server name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 def measure_metrics(args: argparse.Namespace, env: Env) -> list[tuple]:
-    """A small batch with metrics off, on (a listening StatsD socket) and on with the backend down, in
-    interleaved rounds: a backend that is down must not slow a batch (target 12)."""
+    """A small batch with metrics off, on and on with the backend down, for StatsD and OpenTelemetry,
+    in interleaved rounds: a backend that is down must not slow a batch (target 12)."""
     import socket
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # receives and drops: a backend that is up
     listener.bind(("127.0.0.1", 0))
+    collector = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    with socket.socket() as unused:  # a port nobody listens on: an OpenTelemetry collector that is down
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
     statsd = {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}
+    otel = {"AIRFLOW__METRICS__OTEL_ON": "True", "AIRFLOW__METRICS__OTEL_HOST": "127.0.0.1"}
     cases = {"metrics off": {}, "metrics on": {**statsd, "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
                                                "AIRFLOW__METRICS__STATSD_PORT": str(listener.getsockname()[1])},
-             "metrics backend down": {**statsd, "AIRFLOW__METRICS__STATSD_HOST": "statsd.invalid"}}
+             "metrics backend down": {**statsd, "AIRFLOW__METRICS__STATSD_HOST": "statsd.invalid"},
+             "OpenTelemetry on": {**otel, "AIRFLOW__METRICS__OTEL_PORT": str(collector.server_address[1])},
+             "OpenTelemetry backend down": {**otel, "AIRFLOW__METRICS__OTEL_PORT": str(closed)}}
     topic = f"{env.prefix}_metrics"
     sample_data.ensure_topic(env.kafka, topic, 1)
     pipeline = env.pipeline("metrics", topic, CONNECT)
@@ -937,8 +960,10 @@ def measure_metrics(args: argparse.Namespace, env: Env) -> list[tuple]:
                                   f" records, Spark Connect; phases {breakdown}", phases=breakdown)["value"]
     finally:
         listener.close()
-    return [("12 batch with the metrics backend down / up <= 1.05", best["metrics backend down"] / best["metrics on"],
-             1.05, "<=")]
+        collector.shutdown()
+    return [("12 batch with the StatsD backend down / up <= 1.05", best["metrics backend down"] / best["metrics on"],
+             1.05, "<="),
+            ("12 same, OpenTelemetry", best["OpenTelemetry backend down"] / best["OpenTelemetry on"], 1.05, "<=")]
 
 
 def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:

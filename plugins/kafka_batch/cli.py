@@ -285,14 +285,28 @@ def cmd_reset(args) -> int:
         moves = resets.reset_positions(
             conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute
         )
+        if args.execute:
+            metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))
+            _announce_rewind(conn, pipeline, moves)
     finally:
         conn.close()
-    if args.execute:
-        metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))
     for move in moves:
         print(f"  {move}")
     print("dry run: nothing changed; add --execute to apply" if not args.execute else "applied and recorded")
     return 0
+
+
+def _announce_rewind(conn, pipeline, moves) -> None:
+    """The rewind's lineage event, when OpenLineage is configured (its client is imported only then)."""
+    if not any(move.direction == "rewind" for move in moves):
+        return
+    from kafka_batch import lineage
+
+    client = lineage.client_from_environment()
+    if client is not None:
+        postgres = connections.postgres_params(connections.from_environment(pipeline.connections.postgres))
+        lineage.emit_rewind(client, pipeline, _kafka_config(pipeline), postgres, moves,
+                            report.table_columns(conn, pipeline.tables))
 
 
 def cmd_status(args) -> int:

@@ -15,6 +15,8 @@ said once in the log, and the batch goes on.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -216,13 +218,98 @@ class StatsdStats:
         self._client.timing(self._name(stat, tags), dt)
 
 
-def from_environment() -> Stats | None:
-    """The CLI's client, from Airflow's `[metrics]` variables; None when metrics are off (or cannot be)."""
-    if not _on("STATSD_ON"):
-        if _on("OTEL_ON"):
-            _say_once("metrics: the kafka-batch command sends StatsD only (AIRFLOW__METRICS__STATSD_ON);"
-                      " OpenTelemetry metrics come from the Airflow tasks")
+class OtelStats:
+    """An OpenTelemetry meter that records what Airflow's would (Airflow's prefix, then ours; tags as
+    attributes; timings as exponential histograms in ms) and exports it over OTLP once, as the command
+    exits: a command is short, so one export, bounded by the exporter's timeout (2 s unless the OTel
+    variables say otherwise), and never retried past it."""
+
+    def __init__(self, exporter, prefix: str, endpoint: str):
+        from opentelemetry.sdk.metrics import Histogram, MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+        service = os.environ.get("OTEL_SERVICE_NAME") or os.environ.get("AIRFLOW__METRICS__OTEL_SERVICE") or "airflow"
+        self._exporter, self._prefix, self._endpoint = exporter, prefix, endpoint
+        self._reader = InMemoryMetricReader()
+        self._provider = MeterProvider(
+            resource=Resource.create({SERVICE_NAME: service}), metric_readers=[self._reader], shutdown_on_exit=False,
+            views=[View(instrument_type=Histogram, aggregation=ExponentialBucketHistogramAggregation())])
+        self._meter = self._provider.get_meter("kafka_batch")
+        self._instruments: dict[str, object] = {}
+        atexit.register(self.export)
+
+    def _instrument(self, stat: str, create: str, **kwargs):
+        name = f"{self._prefix}.{stat}" if self._prefix else stat
+        if name not in self._instruments:
+            self._instruments[name] = getattr(self._meter, create)(name=name, **kwargs)
+        return self._instruments[name]
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: dict | None = None) -> None:
+        self._instrument(stat, "create_counter").add(count, attributes=tags)
+
+    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: dict | None = None) -> None:
+        self._instrument(stat, "create_gauge").set(value, attributes=tags)
+
+    def timing(self, stat: str, dt: float, *, tags: dict | None = None) -> None:
+        self._instrument(stat, "create_histogram", unit="ms").record(dt, attributes=tags)
+
+    def export(self) -> None:
+        """Send what the command recorded, once; a backend that cannot take it is said in one line."""
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        data = self._reader.get_metrics_data()
+        try:
+            if data is not None and data.resource_metrics:
+                if self._exporter.export(data) is not MetricExportResult.SUCCESS:
+                    _say_once(f"metrics: OpenTelemetry at {self._endpoint} did not take this command's metrics;"
+                              " going on without them")
+        finally:
+            self._exporter.shutdown()
+            self._provider.shutdown()
+
+
+def _otlp_exporter() -> tuple[object, str] | None:
+    """Airflow's choice of exporter: the standard OTEL_EXPORTER_OTLP_* variables when they name an
+    endpoint (gRPC or HTTP), else Airflow's deprecated otel_host and otel_port (HTTP)."""
+    env = os.environ.get
+    endpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env("OTEL_EXPORTER_OTLP_ENDPOINT")
+    protocol = env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env("OTEL_EXPORTER_OTLP_PROTOCOL")
+    timeout = None if env("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") or env("OTEL_EXPORTER_OTLP_TIMEOUT") else 2
+    if endpoint and protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    # Its own line about a failed export would repeat ours (OtelStats.export says it once, with the endpoint).
+    logging.getLogger(OTLPMetricExporter.__module__).setLevel(logging.CRITICAL)
+    if endpoint:
+        return OTLPMetricExporter(timeout=timeout), endpoint
+    host, port = env("AIRFLOW__METRICS__OTEL_HOST"), env("AIRFLOW__METRICS__OTEL_PORT")
+    if not host or not port:
+        _say_once("metrics: OpenTelemetry is on but names no endpoint (OTEL_EXPORTER_OTLP_ENDPOINT, or"
+                  " AIRFLOW__METRICS__OTEL_HOST and _PORT); no metrics from this command")
         return None
+    endpoint = f"{'https' if _on('OTEL_SSL_ACTIVE') else 'http'}://{host}:{port}/v1/metrics"
+    return OTLPMetricExporter(endpoint=endpoint, timeout=timeout), endpoint
+
+
+@functools.cache
+def from_environment() -> Stats | None:
+    """The CLI's client, from Airflow's `[metrics]` variables (StatsD first, as Airflow chooses); None
+    when metrics are off (or cannot be)."""
+    if not _on("STATSD_ON"):
+        if not _on("OTEL_ON"):
+            return None
+        try:
+            chosen = _otlp_exporter()
+            if chosen is None:
+                return None
+            exporter, endpoint = chosen
+            return OtelStats(exporter, os.environ.get("AIRFLOW__METRICS__OTEL_PREFIX", "airflow"), endpoint)
+        except Exception as exc:  # noqa: BLE001 - a bad setting costs the metrics, never the batch
+            _say_once(f"metrics: OpenTelemetry unusable ({exc}); no metrics from this command")
+            return None
     env = os.environ.get
     host, port = env("AIRFLOW__METRICS__STATSD_HOST", "localhost"), env("AIRFLOW__METRICS__STATSD_PORT", "8125")
     try:

@@ -1,7 +1,7 @@
 """Lineage through Airflow's OpenLineage provider (its file transport), from real DAG runs in a real
 Airflow: the execute task's inputs are the topics with the ledger's exact ranges in a run facet, its
 outputs the sink tables with Postgres's columns and the rows the batch changed, counted here from the
-topic; a replay says so."""
+topic; a replay says so, and a rewind by the CLI sends its own event through the same settings."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.integration.helpers import (
     new_pipeline,
     query,
     rows_truth,
+    run_cli,
     run_dag,
     sink_table,
 )
@@ -26,11 +27,15 @@ from tests.integration.test_end_to_end import _transactional_page_views
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dag_runs_alone")]
 
 
+def _events(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def _completed_execute(path, dag_id: str, wait: float = 30.0) -> list[dict]:
     """The COMPLETE events of the DAG's execute task (the provider emits from a forked process)."""
     deadline = time.monotonic() + wait
     while True:
-        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        events = _events(path)
         found = [e for e in events if e["eventType"] == "COMPLETE" and e["job"]["name"] == f"{dag_id}.execute"]
         if found or time.monotonic() > deadline:
             return found
@@ -64,7 +69,8 @@ def test_a_batch_and_a_replay_tell_the_catalog_their_ranges_and_tables(services,
     (batch_id, database), = query("SELECT id, current_database() FROM kafka_batch.batches WHERE pipeline = %s",
                                   pipeline.name)
     facet = event["run"]["facets"]["kafkaBatch"]
-    assert (facet["pipeline"], facet["batchId"], facet["attempt"], facet["kind"]) == (pipeline.name, batch_id, 1, "batch")
+    # dag.test() makes a manual run; a scheduled or backfill run says so the same way (the run's type).
+    assert (facet["pipeline"], facet["batchId"], facet["attempt"], facet["kind"]) == (pipeline.name, batch_id, 1, "manual")
     assert facet["ranges"] == _ledger_ranges(batch_id)
     servers = kafka_config()["bootstrap.servers"].split(",")[0]
     assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"kafka://{servers}", topic)]
@@ -88,3 +94,21 @@ def test_a_batch_and_a_replay_tell_the_catalog_their_ranges_and_tables(services,
     facet = replayed["run"]["facets"]["kafkaBatch"]
     assert (facet["batchId"], facet["kind"]) == (replay_id, "replay")
     assert facet["ranges"] == _ledger_ranges(replay_id)
+
+    # A rewind of partition 0 to its start, by the CLI: its event names the ranges it took out and the
+    # rows it changed (every record of the partition; the (page, minute) totals they added to).
+    run_cli("reset", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "0", "--to-offset", "0",
+            "--reason", "lineage", "--execute")
+    rewinds = [e for e in _events(events) if e["job"]["name"] == f"{pipeline.dag_id}.rewind"]
+    assert len(rewinds) == 1 and rewinds[0]["eventType"] == "COMPLETE"
+    assert rewinds[0]["job"]["namespace"] == "kafka_batch_tests"
+    facet = rewinds[0]["run"]["facets"]["kafkaBatch"]
+    assert (facet["pipeline"], facet["kind"]) == (pipeline.name, "rewind") and "batchId" not in facet
+    retired = query("SELECT topic, partition, from_offset, until_offset FROM kafka_batch.ledger WHERE pipeline = %s"
+                    " AND retired_by LIKE 'reset %%' ORDER BY from_offset", pipeline.name)
+    assert retired and facet["ranges"] == [
+        {"topic": t, "partition": p, "fromOffset": lo, "untilOffset": hi} for t, p, lo, hi in retired]
+    in_partition = lambda partition, offset: partition == 0  # noqa: E731
+    outputs = {d["name"]: d["outputFacets"]["outputStatistics"]["rowCount"] for d in rewinds[0]["outputs"]}
+    assert outputs == {f"{database}.public.{rows}": len(rows_truth(topic, in_partition)),
+                       f"{database}.public.{aggregate}": len(ground_truth(topic, in_partition))}

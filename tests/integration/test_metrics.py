@@ -1,9 +1,11 @@
-"""What monitoring sees of a batch run by the CLI (kafka_batch.metrics), through a real StatsD socket
-configured by Airflow's own AIRFLOW__METRICS__* variables, checked against the ledger and against the
-topic read by a plain consumer; and `kafka-batch status --check` against the pipeline's alerts."""
+"""What monitoring sees of a batch run by the CLI (kafka_batch.metrics), through a real StatsD socket and
+a real OTLP/HTTP receiver configured by Airflow's own AIRFLOW__METRICS__* variables, checked against the
+ledger and against the topic read by a plain consumer; and `kafka-batch status --check` against the
+pipeline's alerts."""
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 
@@ -20,15 +22,17 @@ from tests.integration.helpers import (
     run_cli,
     update_pipeline,
 )
+from tests.integration.otlp_listener import OtlpListener
 from tests.integration.statsd_listener import StatsdListener
 from tests.integration.test_end_to_end import _produce, _transactional_page_views
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def statsd():
-    listener = StatsdListener()
+@pytest.fixture(params=["statsd", "otel"])
+def backend(request):
+    """Where Airflow's [metrics] settings point: a StatsD socket, or an OpenTelemetry (OTLP) receiver."""
+    listener = StatsdListener() if request.param == "statsd" else OtlpListener()
     yield listener
     listener.close()
 
@@ -57,7 +61,7 @@ def _last_stable_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
     return ends
 
 
-def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, statsd):
+def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, backend):
     pipeline = new_pipeline("metrics", limits={"max_records_per_batch": 600})
     topic = pipeline.topics[0]
     _produce(topic, [b"{not json"], partition=0)  # first: inside the batch's ranges
@@ -67,9 +71,9 @@ def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, 
     _transactional_page_views(topic, transactions=8, size=30, seed=65)
 
     before = time.time()
-    run_cli("run", "--pipeline", pipeline.name, env=statsd.env())
+    run_cli("run", "--pipeline", pipeline.name, env=backend.env())
     after = time.time()
-    points = statsd.received()
+    points = backend.received()
 
     # The batch's counts are the ledger's, and what it read is what the topic holds in its ranges.
     ranges = query("SELECT partition, from_offset, until_offset FROM kafka_batch.batch_ranges r JOIN"
@@ -132,3 +136,15 @@ def test_metrics_that_cannot_be_sent_never_fail_a_batch(services):
         "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "statsd.invalid"})
     assert sum(positions(pipeline.name).values()) == 200
     assert result.stderr.count("metrics: StatsD at statsd.invalid:8125 unusable") == 1, result.stderr
+
+    # An OpenTelemetry receiver that is not there: the batch commits, and one line names where.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 100, seed=64)
+    result = run_cli("run", "--pipeline", pipeline.name, env={
+        "AIRFLOW__METRICS__OTEL_ON": "True", "AIRFLOW__METRICS__OTEL_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__OTEL_PORT": str(port)})
+    assert sum(positions(pipeline.name).values()) == 300
+    down = [line for line in result.stderr.splitlines() if "metrics" in line.lower() or "export" in line.lower()]
+    assert len(down) == 1 and f"OpenTelemetry at http://127.0.0.1:{port}/v1/metrics did not take" in down[0], down

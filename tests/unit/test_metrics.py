@@ -66,6 +66,22 @@ def test_the_cli_writes_airflows_statsd_lines_with_the_tags_on_them():
                      "airflow.kafka_batch.lag.records,pipeline=p,partition=0:7|g"]  # a tag with a comma is dropped
 
 
+def test_the_cli_sends_opentelemetry_where_airflow_would(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+                 "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "AIRFLOW__METRICS__OTEL_SSL_ACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW__METRICS__OTEL_HOST", "collector")
+    monkeypatch.setenv("AIRFLOW__METRICS__OTEL_PORT", "4318")
+    assert metrics._otlp_exporter()[1] == "http://collector:4318/v1/metrics"  # Airflow's otel_host and otel_port
+    monkeypatch.setenv("AIRFLOW__METRICS__OTEL_SSL_ACTIVE", "True")
+    assert metrics._otlp_exporter()[1] == "https://collector:4318/v1/metrics"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")  # the standard variables come first
+    exporter, endpoint = metrics._otlp_exporter()
+    assert endpoint == "http://otel:4318" and type(exporter).__module__.endswith("proto.http.metric_exporter")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert type(metrics._otlp_exporter()[0]).__module__.endswith("proto.grpc.metric_exporter")
+
+
 def test_a_backend_that_raises_is_said_once_and_never_raised(caplog):
     class Down:
         def incr(self, *args, **kwargs):

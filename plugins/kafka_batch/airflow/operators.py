@@ -90,7 +90,8 @@ class BatchSparkSubmitOperator(BaseOperator):
         if lineage:  # its classes cost a task half a second to import: only when someone receives it
             from kafka_batch.airflow.lineage import batch_lineage
 
-            self._lineage = batch_lineage(self.pipeline, kafka, postgres, batch, rows_written, columns)
+            run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
+            self._lineage = batch_lineage(self.pipeline, kafka, postgres, batch, run_type, rows_written, columns)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """OpenLineage's provider asks this after a success: the topics and exact ranges a commit read,

@@ -32,11 +32,12 @@ class CommitResult:
     rows_written: int
 
 
-def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by: str) -> None:
-    """Committed ranges leave every sink's output (exactly) and the live ledger."""
-    for sink in pipeline.sinks:
-        sink.remove(cur, ranges)
+def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by: str) -> dict[str, int]:
+    """Committed ranges leave every sink's output (exactly) and the live ledger; returns the rows each
+    output table changed."""
+    changed = {sink.table: sink.remove(cur, ranges) for sink in pipeline.sinks}
     ledger.retire(cur, [r.range_id for r in ranges], retired_by)
+    return changed
 
 
 def _replaced(cur, batch_id: int) -> list[OffsetRange]:

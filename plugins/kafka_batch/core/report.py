@@ -75,10 +75,16 @@ def batch_lineage(conn, batch_id: int, tables: tuple[str, ...]) -> tuple[batches
     with transaction(conn) as cur:
         cur.execute("SELECT rows_written FROM kafka_batch.batches WHERE id = %s", (batch_id,))
         rows = cur.fetchone()[0] or {}
+    return batch, rows, table_columns(conn, tables)
+
+
+def table_columns(conn, tables: tuple[str, ...]) -> dict[str, list[tuple[str, str]]]:
+    """Each public table's columns [(name, type)], as Postgres has them."""
+    with transaction(conn) as cur:
         cur.execute("SELECT table_name, column_name, data_type FROM information_schema.columns"
                     " WHERE table_schema = 'public' AND table_name = ANY(%s) ORDER BY table_name, ordinal_position",
                     (list(tables),))
         columns: dict[str, list[tuple[str, str]]] = {}
         for table, column, kind in cur.fetchall():
             columns.setdefault(table, []).append((column, kind))
-    return batch, rows, columns
+    return columns

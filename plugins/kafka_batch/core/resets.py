@@ -8,7 +8,7 @@ changes, and run under the pipeline lock, so they serialize with planning and co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from kafka_batch.config import Pipeline
 from kafka_batch.core import batches, ledger, positions, registry
@@ -28,6 +28,7 @@ class Reset:
     target: int
     retired: tuple[OffsetRange, ...]
     note: str
+    rows_changed: dict[str, int] = field(default_factory=dict)  # per output table, once applied
 
     @property
     def direction(self) -> str:
@@ -64,8 +65,7 @@ def reset_positions(
                                       offsets[(request.topic, p)]))
         if dry_run:
             return resets
-        for reset in resets:
-            _apply_reset(cur, pipeline, reset, requested_by, reason)
+        resets = [_apply_reset(cur, pipeline, reset, requested_by, reason) for reset in resets]
         batches.supersede_planned(cur, pipeline.name, "superseded by a position reset")
     return resets
 
@@ -89,10 +89,10 @@ def _plan_reset(cur, pipeline: Pipeline, topic: str, partition: int, position: i
     return Reset(topic, partition, position, target, tuple(after), note)
 
 
-def _apply_reset(cur, pipeline: Pipeline, reset: Reset, requested_by: str, reason: str) -> None:
+def _apply_reset(cur, pipeline: Pipeline, reset: Reset, requested_by: str, reason: str) -> Reset:
     if reset.direction == "none":
-        return
+        return reset
     reset_id = positions.reset_position(cur, pipeline.name, reset.topic, reset.partition, reset.position, reset.target,
                                     direction=reset.direction, ranges_retired=len(reset.retired),
                                     requested_by=requested_by, reason=reason)
-    retire_ranges(cur, pipeline, list(reset.retired), f"reset {reset_id}")
+    return replace(reset, rows_changed=retire_ranges(cur, pipeline, list(reset.retired), f"reset {reset_id}"))

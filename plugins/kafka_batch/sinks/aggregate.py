@@ -183,7 +183,8 @@ class AggregateSink(Sink):
         return cur.rowcount  # the totals' rows the MERGE inserted or updated
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
-        """Take the ranges' contributions out of the totals exactly; keys left with none disappear."""
+        """Take the ranges' contributions out of the totals exactly; keys left with none disappear.
+        Returns the totals rows changed (updated, or deleted with them)."""
         range_ids = [r.range_id for r in ranges]
         if not range_ids:
             return 0
@@ -196,7 +197,6 @@ class AggregateSink(Sink):
             (range_ids,),
         )
         cur.execute(sql.SQL("DELETE FROM {} WHERE range_id = ANY(%s)").format(self._contributions), (range_ids,))
-        removed = cur.rowcount
         cur.execute(
             sql.SQL("UPDATE {totals} t SET {updates} FROM aggregate_removed r WHERE {match}").format(
                 totals=self._totals,
@@ -204,6 +204,7 @@ class AggregateSink(Sink):
                 match=same(keys, "t", "r"),
             )
         )
+        changed = cur.rowcount
         cur.execute(
             sql.SQL(
                 "DELETE FROM {totals} t USING aggregate_removed r WHERE {match}"
@@ -212,7 +213,7 @@ class AggregateSink(Sink):
                      still=same(keys, "c", "t"))
         )
         cur.execute("DROP TABLE aggregate_removed")
-        return removed
+        return changed
 
     def fold(self, cur, range_ids: Sequence[int]) -> None:
         """Merge the ranges' contributions into the base rows: the totals stay as they are, and a key

@@ -257,7 +257,8 @@ class Sink(Model, ABC):
 
     @abstractmethod
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
-        """Inside a transaction: take exactly these committed ranges' effect out; returns rows removed."""
+        """Inside a transaction: take exactly these committed ranges' effect out; returns the output
+        table's rows it updated or deleted."""
 
     @abstractmethod
     def preview(self, cur, batch_id: int, replaced: Sequence[OffsetRange], result: Any) -> int:

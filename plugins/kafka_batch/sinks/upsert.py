@@ -206,9 +206,10 @@ class UpsertSink(Sink):
                 "set": sql.SQL(", ").join(sql.SQL("{c} = EXCLUDED.{c}").format(c=sql.Identifier(c))
                                           for c in self.values + self.order), **more}
 
-    def _set_keys(self, cur, latest: str, keys: str | None = None) -> None:
+    def _set_keys(self, cur, latest: str, keys: str | None = None) -> int:
         """Make the table hold, for each key in `latest` (the latest history row of some keys), that row;
-        with `keys` (a table of keys), a key of it with no row in `latest` leaves the table too."""
+        with `keys` (a table of keys), a key of it with no row in `latest` leaves the table too. Returns
+        the table rows deleted or written."""
         parts = self._parts(latest=sql.Identifier(latest))
         gone = sql.SQL("DELETE FROM {target} t USING {latest} l WHERE {match} AND l.deleted").format(
             match=same(self.keys, "t", "l"), **parts)
@@ -219,8 +220,10 @@ class UpsertSink(Sink):
             ).format(keys_table=sql.Identifier(keys), match=same(self.keys, "t", "k"), live=same(self.keys, "l", "t"),
                      **parts)
         cur.execute(gone)
+        deleted = cur.rowcount
         cur.execute(sql.SQL("INSERT INTO {target} ({table_columns}) SELECT {table_columns} FROM {latest} WHERE NOT deleted"
                             " ON CONFLICT ({keys}) DO UPDATE SET {set}").format(**parts))
+        return deleted + cur.rowcount
 
     def _latest_of(self, cur, name: str, source: sql.Composable, keys: sql.Composable) -> None:
         """A temporary table of the latest row per key, over `source` rows whose key is in `keys`."""
@@ -258,7 +261,8 @@ class UpsertSink(Sink):
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
         """Take the ranges' rows out of the history; each key they touched falls back to its latest
-        remaining row, or leaves the table if it has none or that row is a delete."""
+        remaining row, or leaves the table if it has none or that row is a delete. Returns the table rows
+        changed."""
         range_ids = [r.range_id for r in ranges]
         if not range_ids:
             return 0
@@ -266,12 +270,11 @@ class UpsertSink(Sink):
         cur.execute(sql.SQL("CREATE TEMP TABLE upsert_touched ON COMMIT DROP AS SELECT DISTINCT {keys} FROM {history}"
                             " WHERE range_id = ANY(%s)").format(**parts), (range_ids,))
         cur.execute(sql.SQL("DELETE FROM {history} WHERE range_id = ANY(%s)").format(**parts), (range_ids,))
-        removed = cur.rowcount
         cur.execute("ANALYZE upsert_touched")
         self._latest_of(cur, "upsert_latest", self._history, sql.Identifier("upsert_touched"))
-        self._set_keys(cur, "upsert_latest", keys="upsert_touched")
+        changed = self._set_keys(cur, "upsert_latest", keys="upsert_touched")
         cur.execute("DROP TABLE upsert_latest, upsert_touched")
-        return removed
+        return changed
 
     def fold(self, cur, range_ids: Sequence[int]) -> None:
         """Per key of the ranges, keep only the latest of their rows and the base's, as the base: the
