@@ -218,11 +218,16 @@ class StatsdStats:
         self._client.timing(self._name(stat, tags), dt)
 
 
+# Seconds a command's one OTLP export may take. Under a second, the exporter gives up on a refused
+# connection at once (its first retry waits a second); a collector that does not answer costs this much.
+EXPORT_TIMEOUT = 0.5
+
+
 class OtelStats:
     """An OpenTelemetry meter that records what Airflow's would (Airflow's prefix, then ours; tags as
     attributes; timings as exponential histograms in ms) and exports it over OTLP once, as the command
-    exits: a command is short, so one export, bounded by the exporter's timeout (2 s unless the OTel
-    variables say otherwise), and never retried past it."""
+    exits: a command is short, so one export, bounded by the exporter's timeout (EXPORT_TIMEOUT unless
+    the OTel variables say otherwise), and never retried past it."""
 
     def __init__(self, exporter, prefix: str, endpoint: str):
         from opentelemetry.sdk.metrics import Histogram, MeterProvider
@@ -276,7 +281,7 @@ def _otlp_exporter() -> tuple[object, str] | None:
     env = os.environ.get
     endpoint = env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env("OTEL_EXPORTER_OTLP_ENDPOINT")
     protocol = env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env("OTEL_EXPORTER_OTLP_PROTOCOL")
-    timeout = None if env("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") or env("OTEL_EXPORTER_OTLP_TIMEOUT") else 2
+    timeout = None if env("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT") or env("OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT
     if endpoint and protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:
