@@ -1,0 +1,172 @@
+"""Publishing a batch's output to a Kafka topic exactly once: one Kafka transaction per batch, under a
+`transactional.id` stable per pipeline and topic, that also commits the batch's identity.
+
+The identity is committed with `send_offsets_to_transaction` (Kafka's own consume-transform-produce
+mechanism, KIP-98/KIP-447): for each of the batch's ranges, the range's end as the offset of the input
+partition in the *publish group* (named like the transactional id), with the batch id, attempt and kind
+as the offset's metadata. The group's offsets change only when a transaction commits, so after
+`init_transactions` (which fences every older producer of the id and ends what it left open) they say
+which batches' output is in the topic. `decide` turns that, and which batches Postgres still has in
+flight, into what an attempt does; docs/design.md ("Publishing to Kafka") has the argument.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from kafka_batch.errors import FencedAttempt, InputError, ServiceError
+from kafka_batch.kafka_source import LIBRDKAFKA_LOG, admin_config
+from kafka_batch.ranges import OffsetRange
+
+log = logging.getLogger("kafka_batch.kafka_publish")
+
+
+def transactional_id(pipeline: str, topic: str) -> str:
+    """Stable per pipeline and output topic: every attempt of every batch shares it, so the newest
+    attempt's `init_transactions` fences all the others."""
+    return f"kafka-batch.{pipeline}.{topic}"
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the publish group says of a batch whose transaction committed."""
+
+    batch_id: int
+    attempt: int
+    kind: str
+
+    def metadata(self) -> str:
+        return json.dumps({"batch": self.batch_id, "attempt": self.attempt, "kind": self.kind}, separators=(",", ":"))
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> Published | None:
+        """The identity in an offset's metadata; None for an offset committed by someone else."""
+        try:
+            data = json.loads(text or "")
+            return cls(int(data["batch"]), int(data["attempt"]), str(data["kind"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class Decision(enum.Enum):
+    PUBLISH = "publish"    # nothing of this batch is in the topic: produce it, in one transaction
+    COMPLETE = "complete"  # an earlier attempt's transaction committed it: only the Postgres side is left
+
+
+def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]) -> Decision:
+    """What an attempt of `batch_id` does, once its `init_transactions` has fenced every older producer.
+
+    `found`: the identities the publish group holds (one per input partition, the last batch that
+    published a range of it); `pending`: the batches Postgres has not committed, by id, with their
+    status. A batch found in Kafka but not committed in Postgres blocks every other batch: publishing
+    over it would replace its identity, and its next attempt would publish it again.
+    """
+    found = list(found)
+    if any(p.batch_id == batch_id for p in found):
+        return Decision.COMPLETE
+    blocking = sorted({p.batch_id for p in found if p.batch_id in pending})
+    if blocking:
+        raise ServiceError(
+            f"batch {batch_id}: batch {blocking[0]} is published to Kafka and not yet committed to Postgres"
+            f" ({pending[blocking[0]]}); its next attempt completes it, then this batch can publish"
+        )
+    return Decision.PUBLISH
+
+
+@dataclass(frozen=True)
+class Message:
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+class Publisher:
+    """One attempt's transactional producer for a pipeline's output topic."""
+
+    def __init__(self, config: dict[str, Any], pipeline: str, topic: str, *, timeout: float = 60.0,
+                 transaction_timeout_ms: int = 900_000):
+        self.topic = topic
+        self.transactional_id = transactional_id(pipeline, topic)
+        self._config = admin_config(config)
+        self._timeout = timeout
+        self._producer = Producer({
+            **self._config, "transactional.id": self.transactional_id, "enable.idempotence": True,
+            "transaction.timeout.ms": transaction_timeout_ms, "linger.ms": 5, "logger": LIBRDKAFKA_LOG,
+        })
+        self._group = Consumer({**self._config, "group.id": self.transactional_id, "enable.auto.commit": False,
+                                "logger": LIBRDKAFKA_LOG})
+
+    def fence(self) -> None:
+        """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
+        transaction they left open is aborted, or completed if it was committing."""
+        try:
+            self._producer.init_transactions(self._timeout)
+        except KafkaException as exc:
+            raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
+
+    def published(self, partitions: Iterable[tuple[str, int]]) -> list[Published]:
+        """The identities the publish group holds for these input partitions (after `fence`: final)."""
+        asked = [TopicPartition(t, p) for t, p in partitions]
+        try:
+            committed = self._group.committed(asked, timeout=self._timeout)
+        except KafkaException as exc:
+            raise _service_error(f"could not read the publish group {self.transactional_id}", exc) from None
+        return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
+
+    def publish(self, messages: Iterable[Message], ranges: Sequence[OffsetRange], identity: Published) -> int:
+        """Produce the messages and commit them with the batch's identity, in one transaction; returns how
+        many were produced. A newer attempt fences this one: FencedAttempt, nothing of it is visible."""
+        produced = 0
+        try:
+            self._producer.begin_transaction()
+            for message in messages:
+                self._produce(message)
+                produced += 1
+            offsets = [TopicPartition(r.topic, r.partition, r.until_offset, metadata=identity.metadata())
+                       for r in ranges]
+            self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), self._timeout)
+            self._producer.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                raise FencedAttempt(f"batch {identity.batch_id}: attempt {identity.attempt} was fenced by a newer"
+                                    f" producer of {self.transactional_id}; it published nothing") from None
+            if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                raise InputError(f"output topic {self.topic!r} does not exist; nothing was published") from None
+            if error.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                KafkaError.GROUP_AUTHORIZATION_FAILED):
+                raise InputError(f"not authorized to publish to {self.topic!r} as {self.transactional_id}:"
+                                 f" {error.str()}; nothing was published") from None
+            self._abort_quietly()
+            raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc) from None
+        return produced
+
+    def _produce(self, message: Message) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, key=message.key, value=message.value,
+                                       headers=list(message.headers) or None)
+                return
+            except BufferError:  # the local queue is full: let librdkafka send some first
+                self._producer.poll(0.05)
+
+    def _abort_quietly(self) -> None:
+        try:
+            self._producer.abort_transaction(self._timeout)
+        except KafkaException:
+            pass  # fenced or fatal: the next attempt's init_transactions ends it
+
+    def close(self) -> None:
+        self._group.close()
+
+
+def _service_error(what: str, exc: KafkaException) -> ServiceError:
+    """The broker did not do it: a new attempt (a new producer) may."""
+    return ServiceError(f"{what}: {exc.args[0].str()}")

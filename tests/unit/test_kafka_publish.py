@@ -1,0 +1,27 @@
+"""The decision an attempt of a Kafka-publishing batch takes from what Kafka and Postgres say."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_batch.errors import ServiceError
+from kafka_batch.kafka_publish import Decision, Published, decide, transactional_id
+
+
+def test_an_identity_round_trips_through_an_offsets_metadata():
+    identity = Published(12, 3, "replay")
+    assert Published.from_metadata(identity.metadata()) == identity
+    assert Published.from_metadata("") is None and Published.from_metadata('{"other": 1}') is None
+    assert len(identity.metadata()) < 100  # Kafka keeps 4096 bytes of metadata by default
+
+
+def test_found_committed_or_blocked():
+    assert decide(5, [], {5: "running"}) is Decision.PUBLISH
+    assert decide(5, [Published(4, 1, "batch")], {5: "running"}) is Decision.PUBLISH  # batch 4 committed in Postgres
+    assert decide(5, [Published(4, 1, "batch"), Published(5, 2, "batch")], {5: "running"}) is Decision.COMPLETE
+    with pytest.raises(ServiceError, match=r"batch 4 is published to Kafka and not yet committed to Postgres \(running\)"):
+        decide(5, [Published(4, 1, "batch")], {4: "running", 5: "running"})
+
+
+def test_one_transactional_id_per_pipeline_and_topic():
+    assert transactional_id("page_views", "totals") == "kafka-batch.page_views.totals"
