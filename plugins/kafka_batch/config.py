@@ -36,7 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
-from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, invalid
+from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, TopicName, invalid
 from kafka_batch.sinks import SINKS, Sink
 
 if TYPE_CHECKING:
@@ -339,7 +339,6 @@ def _regex(pattern: str) -> str:
     return pattern
 
 
-TopicName = Annotated[str, Strict(), Field(min_length=1)]
 TopicNames = Annotated[tuple[TopicName, ...],
                        BeforeValidator(_one_or_many, json_schema_input_type=TopicName | Annotated[
                            list[TopicName], Field(min_length=1)]),

@@ -75,7 +75,8 @@ def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]
     if blocking:
         raise ServiceError(
             f"batch {batch_id}: batch {blocking[0]} is published to Kafka and not yet committed to Postgres"
-            f" ({pending[blocking[0]]}); its next attempt completes it, then this batch can publish"
+            f" ({pending[blocking[0]]}); its next attempt completes it (its DAG run's retry, or kafka-batch run"
+            " --run-id), then this batch can publish"
         )
     return Decision.PUBLISH
 

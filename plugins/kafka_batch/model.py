@@ -55,6 +55,8 @@ Identifier = Annotated[str, Strict(), AfterValidator(_identifier),
 """A table or column name: it reaches SQL only once validated (and always quoted)."""
 Expression = Annotated[str, Strict(), AfterValidator(_expression), Field(min_length=1)]
 """A Spark SQL expression over the record's fields and metadata columns."""
+TopicName = Annotated[str, Strict(), Field(min_length=1)]
+"""A Kafka topic's name."""
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 PositiveNumber = Annotated[float, Strict(), Field(gt=0)]
 

@@ -115,4 +115,4 @@ def test_the_readme_examples_are_valid_definitions():
         raw = {"name": "example", "topics": "example", **yaml.safe_load(block)}
         _validator().validate(raw)
         kinds |= {s.kind for s in parse_pipeline(raw, source="README.md").sinks}
-    assert kinds == {"aggregate", "rows", "upsert"}
+    assert kinds == {"aggregate", "rows", "upsert", "kafka"}

@@ -95,6 +95,13 @@ def find_batch(cur, pipeline_name: str, dag_id: str | None, run_id: str) -> Batc
 
 
 
+def unfinished(cur, pipeline_name: str) -> Batch | None:
+    """The pipeline's newest batch (not a replay) that may still commit: planned, or failed."""
+    cur.execute(_SELECT_BATCH + "pipeline = %s AND kind = 'batch' AND status = ANY(%s) ORDER BY id DESC LIMIT 1",
+                (pipeline_name, [BatchStatus.PLANNED.value, BatchStatus.FAILED.value]))
+    return _batch(cur, cur.fetchone())
+
+
 def load_batch(conn, batch_id: int) -> Batch:
     with transaction(conn) as cur:
         batch = select_batch(cur, batch_id)

@@ -21,7 +21,7 @@ from kafka_batch.core.database import transaction
 from kafka_batch.core.state import BatchStatus
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.sinks.base import RangeCounts, SinkOutput
+from kafka_batch.sinks.base import RangeCounts, SinkOutput, TableSink
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,14 @@ class CommitResult:
 def retire_ranges(cur, pipeline: Pipeline, ranges: list[OffsetRange], retired_by: str) -> dict[str, int]:
     """Committed ranges leave every sink's output (exactly) and the live ledger; returns the rows each
     output table changed."""
-    changed = {sink.table: sink.remove(cur, ranges) for sink in pipeline.sinks}
+    changed = {table: rows for sink in pipeline.sinks for table, rows in _per_table(sink, sink.remove(cur, ranges))}
     ledger.retire(cur, [r.range_id for r in ranges], retired_by)
     return changed
+
+
+def _per_table(sink, rows: int) -> list[tuple[str, int]]:
+    """A sink's rows changed, under its table (a sink that publishes has none)."""
+    return [(sink.table, rows)] if isinstance(sink, TableSink) else []
 
 
 def _replaced(cur, batch_id: int) -> list[OffsetRange]:
@@ -87,11 +92,13 @@ def commit_batch(
     conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
     read_tasks: int | None = None, quarantined: pa.Table | None = None,
     schema_ids: Mapping[int, Sequence[int]] | None = None, read_seconds: float | None = None,
+    kafka_config: dict | None = None,
 ) -> CommitResult:
     """Commit one attempt of a batch (with the records it quarantined, and per range the ids of the
     schemas that wrote its records). Committed already: a no-op success. `read_seconds` (Spark's read and
     compute) and the commit's own statements' seconds are kept with the batch (its phases for metrics), and
-    the rows it changed in each table (for lineage)."""
+    the rows it changed in each table (for lineage). Sinks that publish (to Kafka, on `kafka_config`) do
+    so last, inside the transaction: docs/design.md, "Publishing to Kafka"."""
     _check_outputs(pipeline, outputs)
     started = time.monotonic()
     with transaction(conn) as cur:
@@ -103,7 +110,8 @@ def commit_batch(
             retire_ranges(cur, pipeline, _replaced(cur, batch_id), f"replay batch {batch_id}")
         else:
             positions.move_positions(cur, pipeline.name, batch_id, batch.ranges)
-        rows = {sink.table: sink.apply(cur, outputs[sink.kind].result) for sink in pipeline.sinks}
+        rows = {table: n for sink in pipeline.sinks if not sink.publishes
+                for table, n in _per_table(sink, sink.apply(cur, outputs[sink.kind].result))}
         if quarantined is not None:
             quarantine.keep(cur, pipeline.name, batch_id, quarantined)
         ledger.record_range_counts(cur, {r.range_id: counts.get(r.range_id, RangeCounts()) for r in batch.ranges})
@@ -112,6 +120,11 @@ def commit_batch(
         batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks,
                        phases=(read_seconds, time.monotonic() - started), rows_written=rows)
         fold_beyond_horizon(cur, pipeline)
+        for sink in pipeline.sinks:
+            if sink.publishes:
+                if kafka_config is None:
+                    raise StateError(f"batch {batch_id}: the {sink.kind} sink publishes and no Kafka connection was given")
+                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

@@ -2,9 +2,10 @@
 
 from kafka_batch.sinks.aggregate import AggregateSink
 from kafka_batch.sinks.base import Sink
+from kafka_batch.sinks.kafka import KafkaSink
 from kafka_batch.sinks.rows import RowsSink
 from kafka_batch.sinks.upsert import UpsertSink
 
-SINKS: dict[str, type[Sink]] = {sink.kind: sink for sink in (AggregateSink, RowsSink, UpsertSink)}
+SINKS: dict[str, type[Sink]] = {sink.kind: sink for sink in (AggregateSink, RowsSink, UpsertSink, KafkaSink)}
 
-__all__ = ["SINKS", "AggregateSink", "RowsSink", "Sink", "UpsertSink"]
+__all__ = ["SINKS", "AggregateSink", "KafkaSink", "RowsSink", "Sink", "UpsertSink"]

@@ -23,9 +23,9 @@ from kafka_batch.sinks.base import (
     ColumnSpec,
     MeasureSpec,
     RangeCounts,
-    Sink,
     SinkOutput,
     StageContext,
+    TableSink,
     as_json,
     check_new_ranges,
     columns,
@@ -44,7 +44,7 @@ def _sums(measures: Sequence[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.SQL("sum({m}) AS {m}").format(m=sql.Identifier(m)) for m in measures)
 
 
-class AggregateSink(Sink):
+class AggregateSink(TableSink):
     """Additive measures per group key: `sinks: {aggregate: {table, group_by, measures}}`."""
 
     kind = "aggregate"

@@ -220,8 +220,8 @@ class Sink(Model, ABC):
     sink's fields are its section of the definition (`sinks: {<kind>: ...}`), validated by their types."""
 
     kind: ClassVar[str]
-    table: Identifier
-    """The table in the public schema that holds the output (created when missing)."""
+    publishes: ClassVar[bool] = False
+    """Its output leaves Postgres (a Kafka topic): `publish` runs last in the commit transaction."""
 
     @property
     def required_columns(self) -> tuple[Column, ...]:
@@ -237,7 +237,7 @@ class Sink(Model, ABC):
     @property
     def tables(self) -> tuple[str, ...]:
         """The public tables this sink writes (two pipelines may not share one)."""
-        return (self.table,)
+        return ()
 
     @abstractmethod
     def create(self, cur, pipeline_name: str) -> None:
@@ -265,9 +265,25 @@ class Sink(Model, ABC):
         """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
         output (per key: before and after); change nothing else. Returns how many keys would change."""
 
+    def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict) -> int:
+        """Last in the commit transaction, for a sink that `publishes`: send the batch's output, exactly
+        once across attempts; returns the messages it sent."""
+        raise NotImplementedError(f"the {self.kind} sink does not publish")
+
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook
         """Drop what an attempt of the batch (None: every attempt) staged; most sinks stage nothing."""
 
     def fold(self, cur, range_ids: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """Inside a transaction: the ranges left the replay horizon; merge any per-range state they keep
         into a base without changing the output (they will never be removed one by one again)."""
+
+
+class TableSink(Sink, ABC):
+    """A sink whose output is a Postgres table, changed inside the commit transaction."""
+
+    table: Identifier
+    """The table in the public schema that holds the output (created when missing)."""
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return (self.table,)

@@ -17,13 +17,13 @@ from pydantic import model_validator
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, staging
-from kafka_batch.sinks.base import Sink, SinkOutput, StageContext
+from kafka_batch.sinks.base import SinkOutput, StageContext, TableSink
 
 KEY = ("kafka_topic", "kafka_partition", "kafka_offset")
 _KEY_TYPES = (("kafka_topic", "text"), ("kafka_partition", "integer"), ("kafka_offset", "bigint"))
 
 
-class RowsSink(Sink):
+class RowsSink(TableSink):
     """Every visible record's columns, once: `sinks: {rows: {table, columns}}`."""
 
     kind = "rows"

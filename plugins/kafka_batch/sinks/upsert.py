@@ -35,9 +35,9 @@ from kafka_batch.sinks import base, staging
 from kafka_batch.sinks.base import (
     Column,
     ColumnSpec,
-    Sink,
     SinkOutput,
     StageContext,
+    TableSink,
     as_json,
     check_new_ranges,
     create_per_range_table,
@@ -60,7 +60,7 @@ class VersionSpec(ColumnSpec):
     """The Postgres type of the version (default bigint: Debezium's `source.lsn` and `ts_ms` are numbers)."""
 
 
-class UpsertSink(Sink):
+class UpsertSink(TableSink):
     """Each key's latest record (deletes applied): `sinks: {upsert: {table, key, columns, version, delete_when}}`."""
 
     kind = "upsert"

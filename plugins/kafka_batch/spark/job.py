@@ -231,7 +231,7 @@ def run_batch(
                 log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
                 return result
             result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined, schema_ids,
-                                  read_seconds=read_seconds)
+                                  read_seconds=read_seconds, kafka_config=kafka)
         finally:
             conn.close()
         timings.mark("commit_done")

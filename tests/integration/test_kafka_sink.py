@@ -1,0 +1,117 @@
+"""The Kafka sink end to end: a pipeline that totals page views in Postgres and publishes every view to
+a topic, through batches, invalid records, input transactions that abort and commit, and a Postgres
+commit that fails after the Kafka publish. Ground truth is the input topic read by a plain consumer and
+the output topic read by a plain read_committed consumer: one message per valid committed input record,
+each exactly once, in the batch the ledger says read it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+
+import pytest
+
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    _committed_messages,
+    batches_of,
+    create_topic,
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    pg_connect,
+    positions,
+    query,
+    run_cli,
+)
+from tests.integration.test_end_to_end import _produce, _transactional_page_views
+
+pytestmark = pytest.mark.integration
+
+# Fails the Postgres commit of a flagged pipeline's batch at COMMIT time: after the sink's Kafka publish,
+# which runs last inside the transaction. A deferred constraint trigger, so nothing in the code knows.
+FAULT = """
+CREATE TABLE IF NOT EXISTS public.{name}_fail_commit (pipeline text PRIMARY KEY);
+CREATE OR REPLACE FUNCTION public.{name}_fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'committed' AND EXISTS (SELECT 1 FROM public.{name}_fail_commit f WHERE f.pipeline = NEW.pipeline) THEN
+    RAISE EXCEPTION 'injected: the Postgres commit fails after the Kafka publish';
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER {name}_fail_commit AFTER UPDATE ON kafka_batch.batches DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION public.{name}_fail_commit();
+"""
+
+
+def _execute(statement: str, *params) -> None:
+    conn = pg_connect()
+    with conn.cursor() as cur:
+        cur.execute(statement, params)
+    conn.close()
+
+
+def _output(topic: str) -> list[dict]:
+    found = []
+    for message in _committed_messages(topic, [0, 1]):
+        headers = {k: v.decode() for k, v in message.headers() or []}
+        found.append({"key": message.key(), "value": json.loads(message.value()), **headers})
+    return found
+
+
+def test_every_valid_record_is_published_once_through_batches_and_a_failed_commit(services):
+    output = f"kafkasink_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 2)
+    pipeline = new_pipeline("kafkasink", limits={"max_records_per_batch": 250}, sinks={"kafka": {
+        "topic": output, "key": "user_id", "value": {"page": "page", "ms": {"expr": "duration_ms", "type": "bigint"}}}})
+    topic = pipeline.topics[0]
+    bad = _produce(topic, [b"{not json"], partition=0)
+    sample_data.produce_page_views(kafka_config(), topic, 400, seed=81)
+    _transactional_page_views(topic, transactions=6, size=20, seed=82)  # one id aborts, then commits again
+
+    run_cli("run", "--pipeline", pipeline.name)  # the first batch publishes
+    name = pipeline.name
+    _execute(FAULT.format(name=name))
+    try:
+        _execute(f"INSERT INTO public.{name}_fail_commit VALUES (%s)", name)
+        failed = run_cli("run", "--pipeline", name, check=False)
+        assert failed.returncode != 0 and "injected" in failed.stderr, failed.stderr
+        _execute(f"DELETE FROM public.{name}_fail_commit")
+    finally:
+        _execute(f"DROP TRIGGER IF EXISTS {name}_fail_commit ON kafka_batch.batches")
+    # Its messages are in Kafka, its Postgres commit is not. The next run takes that batch up again (a new
+    # plan would publish its records a second time), and its second attempt only commits Postgres.
+    run_cli("run", "--pipeline", name)
+    assert [(b, s) for b, _, s, *_ in batches_of(name)] == [(1, "committed"), (2, "committed")]
+    assert query("SELECT attempt FROM kafka_batch.batches WHERE pipeline = %s AND id = 2", name) == [(2,)]
+    for _ in range(4):
+        run_cli("run", "--pipeline", name)
+
+    # Ground truth from the input topic: every valid committed record, with the offset it came from.
+    expected = {}
+    for message in _committed_messages(topic, [0, 1, 2]):
+        try:
+            record = json.loads(message.value())
+        except ValueError:
+            continue
+        expected[f"{topic}:{message.partition()}:{message.offset()}"] = (
+            record["user_id"].encode(), {"page": record["page"], "ms": record["duration_ms"]})
+    ends = {(topic, p): max(int(s.split(":")[2]) for s in expected if int(s.split(":")[1]) == p) for p in range(3)}
+    assert all(positions(name)[tp] > end for tp, end in ends.items())  # everything was read
+    published = _output(output)
+    assert Counter(m["kafka_batch.source"] for m in published) == Counter(dict.fromkeys(expected, 1))
+    assert {m["kafka_batch.source"]: (m["key"], m["value"]) for m in published} == expected
+    # Each message names the batch the ledger says read its record, and that batch's range.
+    ledger = query("SELECT batch_id, partition, from_offset, until_offset FROM kafka_batch.ledger WHERE pipeline = %s",
+                   name)
+    for m in published:
+        _, partition, offset = m["kafka_batch.source"].split(":")
+        [(batch_id, lo, hi)] = [(b, lo, hi) for b, p, lo, hi in ledger if p == int(partition) and lo <= int(offset) < hi]
+        assert (m["kafka_batch.batch"], m["kafka_batch.range"], m["kafka_batch.kind"], m["kafka_batch.pipeline"]) == (
+            str(batch_id), f"{topic}:{partition}:{lo}-{hi}", "batch", name)
+    assert [s for _, _, s, *_ in batches_of(name)].count("committed") >= 3
+    # The Postgres side holds the same records once (the aggregate sink's totals).
+    valid = ground_truth(topic, select=lambda partition, offset: (partition, offset) != (0, bad[0]))
+    assert sum(v for v, _ in valid.values()) == len(expected)
+    assert query(f"SELECT sum(views) FROM public.{name}_minutes") == [(len(expected),)]
