@@ -320,6 +320,7 @@ def cmd_status(args) -> int:
         rows = report.status(conn, kafka, pipeline)
     finally:
         conn.close()
+    sinks = _kafka_sinks(pipeline, [(r.topic, r.partition) for r in rows])
     lag = sum(r.lag for r in rows)
     breaches = []
     if args.check:
@@ -329,16 +330,55 @@ def cmd_status(args) -> int:
         breaches = alerts.breaches(lag, oldest, datetime.now(UTC))
     if args.json:
         print(json.dumps({"pipeline": pipeline.name, "lag": lag, "partitions": [asdict(r) for r in rows],
-                          **({"breaches": breaches} if args.check else {})}, indent=2))
+                          **({"kafka_sinks": sinks} if sinks else {}),
+                          **({"breaches": breaches} if args.check else {})}, indent=2, default=str))
     else:
         print(tabulate(
             [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
              for r in rows],
             headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
         ))
+        for sink in sinks:
+            last = sink["last_published"]
+            print(f"kafka sink {sink['topic']}: last batch published {'-' if last is None else last['batch_id']}")
+            for t in sink["open_transactions"]:
+                age = "" if t["since"] is None else f", open {(datetime.now(UTC) - t['since']).total_seconds():.0f} s"
+                print(f"  partition {t['partition']}: an open transaction holds readers at offset {t['stable']}"
+                      f" (end {t['end']}{age}); `kafka-batch fence --pipeline {pipeline.name}` aborts ours")
     if breaches:
         print(f"kafka-batch: pipeline {pipeline.name} is behind: {'; '.join(breaches)}", file=sys.stderr)
         return BEHIND
+    return 0
+
+
+def _kafka_sinks(pipeline, inputs: list[tuple[str, int]]) -> list[dict]:
+    """The state of each Kafka sink of the pipeline (kafka_publish.sink_state)."""
+    sinks = pipeline.publishing_sinks
+    if not sinks:
+        return []
+    from kafka_batch.kafka_publish import sink_state
+
+    return [sink_state(_kafka_config(pipeline), pipeline.name, sink.topic, inputs) for sink in sinks]
+
+
+def cmd_fence(args) -> int:
+    """Abort whatever transaction the pipeline's Kafka sinks left open, by fencing their transactional
+    ids (a running attempt of the pipeline is fenced too: its batch fails and is retried)."""
+    pipeline = load_pipeline(args.pipeline)
+    sinks = pipeline.publishing_sinks
+    if not sinks:
+        raise InputError(f"pipeline {pipeline.name} has no Kafka sink: no transaction of it to fence")
+    from kafka_batch.kafka_publish import Publisher
+
+    for sink in sinks:
+        publisher = Publisher(_kafka_config(pipeline), pipeline.name, sink.topic)
+        try:
+            publisher.fence()
+        finally:
+            publisher.close()
+        line = (f"fenced {publisher.transactional_id} (pipeline {pipeline.name}, topic {sink.topic}): its open"
+                f" transaction, if any, is aborted; by {args.by}: {args.reason}")
+        print(line)  # the audit line: who fenced what, and why
     return 0
 
 
@@ -440,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help=f"exit {BEHIND} with one line when the lag is over the pipeline's alerts (for a cron or a probe)")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser("fence", help="abort the transaction the pipeline's Kafka sink left open (a killed attempt's"
+                       " holds the topic's read_committed readers until it times out)")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", default=_operator(), help="who asks (in the audit line); default: the OS user")
+    p.set_defaults(func=cmd_fence)
     p = sub.add_parser("batches", help="the newest batches: kind, status, run, ranges, records, duration, error")
     p.add_argument("--pipeline", required=True)
     p.add_argument("--last", type=_count, default=20, help="how many, newest first; default 20")

@@ -511,6 +511,11 @@ class Pipeline(Model):
         return tuple(s for kind in sorted(SINKS) if (s := getattr(self.sink_settings, kind)) is not None)
 
     @property
+    def publishing_sinks(self) -> tuple[Sink, ...]:
+        """The sinks whose output leaves Postgres (to Kafka): they publish last in the commit."""
+        return tuple(s for s in self.sinks if s.publishes)
+
+    @property
     def dag_id(self) -> str:
         return f"kafka_batch__{self.name}"
 

@@ -128,11 +128,14 @@ class KafkaOffsets:
             tp: ends[tp].last_stable if found[tp] is None else min(found[tp], ends[tp].last_stable) for tp in partitions
         }
 
-    def _list(self, partitions: list[tuple[str, int]], spec: OffsetSpec) -> dict[tuple[str, int], int]:
+    def ends(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The high watermarks, open transactions' records included (never planned: see `offsets`)."""
+        return self._list(partitions, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
+
+    def _list(self, partitions: list[tuple[str, int]], spec: OffsetSpec,
+              isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
         request = {TopicPartition(t, p): spec for t, p in partitions}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self._timeout
-        )
+        futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=self._timeout)
         result = {}
         for tp, future in futures.items():
             try:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -24,6 +25,7 @@ from tests.conftest import FAKE_PASSWORD
 from tests.integration.helpers import (
     airflow_alone,
     batches_of,
+    create_topic,
     ground_truth,
     kafka_config,
     new_pipeline,
@@ -41,7 +43,9 @@ CHROMIUM = os.environ.get("KAFKA_BATCH_CHROMIUM", "/usr/bin/chromium")
 @pytest.fixture(scope="module")
 def pipelines(services):
     """One pipeline with a few committed batches and some lag; one whose broker does not answer."""
-    good = new_pipeline("console")
+    output = f"console_{uuid.uuid4().hex[:8]}_out"  # a Kafka sink too: the page shows what it published
+    create_topic(output, 1)
+    good = new_pipeline("console", sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
     topic = good.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=91)
     run_cli("run", "--pipeline", good.name)
@@ -235,6 +239,9 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
                 assert cells.locator("td.status").inner_text() == status == "committed"
                 assert _number(cells.locator("td.records").inner_text()) == records
             assert sum(r[4] for r in batches) == 500
+            sink = frame.locator(f"#kafka-sinks tr[data-topic='{good.sinks[1].topic}']")
+            assert _number(sink.locator("td.last-published").inner_text()) == max(r[0] for r in batches)
+            assert sink.locator("td.open-transactions").inner_text() == "none"
             bars = frame.locator("#chart-svg rect[data-batch-id]")
             assert [int(bars.nth(i).get_attribute("data-records")) for i in range(bars.count())] == [r[4] for r in batches]
             assert frame.locator("#ledger tbody tr.live").count() == 2  # both batches read partition 0

@@ -26,6 +26,7 @@ from tests.integration.helpers import (
     run_cli,
 )
 from tests.integration.test_end_to_end import _produce, _transactional_page_views
+from tests.integration.test_kafka_publish import _attempt
 
 pytestmark = pytest.mark.integration
 
@@ -83,8 +84,8 @@ def test_every_valid_record_is_published_once_through_batches_and_a_failed_commi
     # Its messages are in Kafka, its Postgres commit is not. The next run takes that batch up again (a new
     # plan would publish its records a second time), and its second attempt only commits Postgres.
     run_cli("run", "--pipeline", name)
-    assert [(b, s) for b, _, s, *_ in batches_of(name)] == [(1, "committed"), (2, "committed")]
-    assert query("SELECT attempt FROM kafka_batch.batches WHERE pipeline = %s AND id = 2", name) == [(2,)]
+    assert [s for _, _, s, *_ in batches_of(name)] == ["committed", "committed"]  # no new batch was planned
+    assert query("SELECT attempt FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id", name) == [(1,), (2,)]
     for _ in range(4):
         run_cli("run", "--pipeline", name)
 
@@ -115,3 +116,40 @@ def test_every_valid_record_is_published_once_through_batches_and_a_failed_commi
     valid = ground_truth(topic, select=lambda partition, offset: (partition, offset) != (0, bad[0]))
     assert sum(v for v, _ in valid.values()) == len(expected)
     assert query(f"SELECT sum(views) FROM public.{name}_minutes") == [(len(expected),)]
+
+
+def test_status_shows_the_sink_and_fence_ends_a_killed_attempts_open_transaction(services):
+    output = f"kafkafence_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 2)
+    pipeline = new_pipeline("kafkafence", partitions=1, sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 50, seed=83)
+    run_cli("run", "--pipeline", pipeline.name)
+    (batch_id,), = query("SELECT id FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name)
+
+    # An attempt killed while producing leaves its transaction open: readers of the topic wait at it.
+    killed = _attempt({"pipeline": pipeline.name, "topic": output, "batch": 99, "attempt": 1, "count": 40,
+                       "ranges": [[pipeline.topics[0], 0, 50, 60]], "crash": "producing"})
+    assert killed.returncode == -9, killed.stderr
+    state = json.loads(run_cli("status", "--pipeline", pipeline.name, "--json").stdout)["kafka_sinks"]
+    [sink] = state
+    assert sink["last_published"]["batch_id"] == batch_id
+    assert sink["open_transactions"] and all(t["stable"] < t["end"] and t["since"] for t in sink["open_transactions"])
+    text = run_cli("status", "--pipeline", pipeline.name).stdout
+    assert "an open transaction holds readers at offset" in text
+
+    fenced = run_cli("fence", "--pipeline", pipeline.name, "--reason", "a killed attempt", "--by", "ops")
+    assert fenced.stdout.strip().splitlines() == [
+        f"fenced kafka-batch.{pipeline.name}.{output} (pipeline {pipeline.name}, topic {output}): its open transaction,"
+        " if any, is aborted; by ops: a killed attempt"]
+    state = json.loads(run_cli("status", "--pipeline", pipeline.name, "--json").stdout)["kafka_sinks"]
+    assert state[0]["open_transactions"] == []
+    # The killed attempt's messages never became visible; the batch's are there once.
+    assert sorted(int(m["kafka_batch.source"].split(":")[2]) for m in _output(output)) == list(range(50))
+
+    # A replay publishes the records of the ranges it recomputes again, marked as a replay.
+    run_cli("replay", "--pipeline", pipeline.name, "--topic", pipeline.topics[0], "--partitions", "0",
+            "--from", "0", "--until", "10", "--reason", "republish")
+    (replay_id,), = query("SELECT id FROM kafka_batch.batches WHERE pipeline = %s AND kind = 'replay'", pipeline.name)
+    again = [m for m in _output(output) if m["kafka_batch.kind"] == "replay"]
+    assert sorted(int(m["kafka_batch.source"].split(":")[2]) for m in again) == list(range(50))  # the whole range
+    assert {m["kafka_batch.batch"] for m in again} == {str(replay_id)}

@@ -181,6 +181,7 @@ def _detail(pipeline, limit: int) -> dict:
         except Exception as exc:
             log.warning("console: pipeline %s: Kafka: %s", pipeline.name, exc)
             result["kafka_error"] = _error(exc, conns)
+        result["kafka_sinks"] = _kafka_sinks(pipeline, services, result, conns)
         rows = inspection.batches(services.conn, pipeline.name, limit)
         for row in rows:
             row["error"] = scrub(row["error"], conns) if row["status"] in ("failed", "superseded") else None
@@ -192,6 +193,24 @@ def _detail(pipeline, limit: int) -> dict:
         return result
     finally:
         services.close()
+
+
+def _kafka_sinks(pipeline, services: _Services, result: dict, conns: list) -> list[dict]:
+    """Each Kafka sink's last published batch and open transactions (kafka_publish.sink_state); a broker
+    that does not answer is the page's Kafka error, once."""
+    sinks = pipeline.publishing_sinks
+    if not sinks or result["kafka_error"]:
+        return []
+    from kafka_batch.kafka_publish import sink_state
+
+    inputs = [(p["topic"], p["partition"]) for p in result["partitions"]]
+    try:
+        return [sink_state(services.kafka_config, pipeline.name, sink.topic, inputs, timeout=KAFKA_TIMEOUT_SECONDS)
+                for sink in sinks]
+    except Exception as exc:
+        log.warning("console: pipeline %s: Kafka sink: %s", pipeline.name, exc)
+        result["kafka_error"] = _error(exc, conns)
+        return []
 
 
 def _ledger(pipeline, topic: str, partition: int, limit: int) -> list[dict]:

@@ -120,11 +120,10 @@ def commit_batch(
         batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks,
                        phases=(read_seconds, time.monotonic() - started), rows_written=rows)
         fold_beyond_horizon(cur, pipeline)
-        for sink in pipeline.sinks:
-            if sink.publishes:
-                if kafka_config is None:
-                    raise StateError(f"batch {batch_id}: the {sink.kind} sink publishes and no Kafka connection was given")
-                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config)
+        for sink in pipeline.publishing_sinks:
+            if kafka_config is None:
+                raise StateError(f"batch {batch_id}: the {sink.kind} sink publishes and no Kafka connection was given")
+            sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

@@ -111,7 +111,7 @@ def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: C
     with transaction(conn) as cur:
         registry.lock_pipeline(cur, pipeline.name)
         existing = batches.find_batch(cur, pipeline.name, dag_id, run_id)
-        if existing is None and any(sink.publishes for sink in pipeline.sinks):
+        if existing is None and pipeline.publishing_sinks:
             # A batch that may have published is never superseded (its output may be out, and a new
             # plan would publish it again): the run executes it, whose next attempt completes it.
             existing = batches.unfinished(cur, pipeline.name)

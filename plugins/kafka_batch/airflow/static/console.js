@@ -157,6 +157,12 @@ async function showPipeline(name) {
     cell(r.topic), numCell(r.partition), numCell(r.position, "position" + (r.stored ? "" : " not-stored")),
     numCell(r.log_start, "log-start"), numCell(r.last_stable, "last-stable"), numCell(r.lag, "lag"),
     el("td", {class: "oldest"}, when(r.oldest_unread_at)), numCell(r.last_batch_id))));
+  $("#kafka-sinks-section").hidden = !data.kafka_sinks.length;
+  fill($("#kafka-sinks tbody"), data.kafka_sinks.map((k) => el("tr", {"data-topic": k.topic}, cell(k.topic),
+    numCell(k.last_published ? k.last_published.batch_id : null, "last-published"),
+    el("td", {class: "open-transactions"}, ...(k.open_transactions.length ? k.open_transactions.map((t) => el("div", {},
+      "partition " + t.partition + ": readers held at " + t.stable + " (end " + t.end + "), open ", when(t.since)))
+      : ["none"])))));
   $("#chart").replaceChildren(chart(data.history));
   fill($("#batches tbody"), data.batches.map((b) => el("tr", {"data-batch-id": b.id},
     numCell(b.id), cell(b.kind), el("td", {}, b.dag_id ? dagLink(b.dag_id) : "CLI"), el("td", {}, runLink(b.dag_id, b.run_id)),
