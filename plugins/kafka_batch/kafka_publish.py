@@ -108,7 +108,9 @@ class Publisher:
 
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
-        transaction they left open is aborted, or completed if it was committing."""
+        transaction they left open is aborted, or completed if it was committing. A missing output topic
+        is refused first, in one line (a producer would wait for it until its messages time out)."""
+        KafkaOffsets(self._config, self._timeout).partitions((self.topic,))
         try:
             self._producer.init_transactions(self._timeout)
         except KafkaException as exc:

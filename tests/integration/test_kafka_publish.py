@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from kafka_batch.errors import FencedAttempt, ServiceError
+from kafka_batch.errors import FencedAttempt, InputError, ServiceError
 from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
 from kafka_batch.ranges import OffsetRange
 from tests.integration.helpers import ROOT, _committed_messages, create_topic, kafka_config
@@ -102,3 +102,11 @@ def test_a_batch_waits_for_another_batchs_pending_publish(services, topics):
         decide(4, found, {3: "running", 4: "running"})
     assert decide(4, found, {4: "running"}) is Decision.PUBLISH  # once batch 3 committed
     replay.close()
+
+
+def test_a_missing_output_topic_is_one_line_before_anything_is_produced(services, topics):
+    pipeline, source, _ = topics
+    publisher = Publisher(kafka_config(), pipeline, f"{pipeline}_missing", timeout=30)
+    with pytest.raises(InputError, match=f"topic '{pipeline}_missing' does not exist"):
+        publisher.fence()
+    publisher.close()
