@@ -14,6 +14,8 @@ produces the data, plans every batch, then measures (each with the load average 
   fixed cost      a 1,000-record batch, with the phases of its timings, against the plain consumer's whole
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
                   killed its Python workers)
+  kafka-sink      the small size's records published to a topic by a pipeline's Kafka sink, against a plain
+                  consume-transform-produce loop committing a transaction every 10,000 records
   metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
                   backend that is down (a host that does not resolve), the same with OpenTelemetry (an
                   OTLP receiver, a closed port), against the same with metrics off
@@ -155,12 +157,20 @@ class Env:
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
         return definition
 
+    def publishing_pipeline(self, name: str, topic: str, output: str, spark: str = CONNECT):
+        """The page views, each published to `output` (key user_id; page and duration): a Kafka sink alone."""
+        definition = self._sample("page_views", name, topic, spark, {})
+        definition["sinks"] = {"kafka": {"topic": output, "key": "user_id", "value": {
+            "page": "page", "duration_ms": {"expr": "duration_ms", "type": "bigint"}}}}
+        return self._written(definition)
+
     def _written(self, definition: dict):
         """The pipeline of this definition, written among the bench's pipelines; its tables dropped at the end."""
         (self.pipelines / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition))
         pipeline = load_pipeline(definition["name"])
-        [sink] = pipeline.sinks
-        self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
+        for sink in pipeline.sinks:
+            if sink.tables:
+                self.tables += [("public", sink.table), ("kafka_batch", sink.contributions_name)]
         return pipeline
 
     def plan(self, pipeline, run_id: str = "bench"):
@@ -549,6 +559,33 @@ def measure_many_keys(args: argparse.Namespace, env: Env) -> list[tuple]:
         *mode_targets(8, "many keys", planned[0][2].span, base, best),
         (f"8 commit of {args.many_keys_records / 1e6:g}M contribution rows (s) <= 2", commit_s, 2, "<="),
     ]
+
+
+def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The small size's records through a pipeline whose one sink publishes each record to a topic (Spark
+    Connect), against the plain exactly-once publisher (scripts/plain_publisher.py: Kafka's own
+    consume-transform-produce, a transaction with the offsets every 10,000 records) over the same ranges,
+    its whole process: target 13."""
+    topic = f"{env.prefix}_publish"
+    sample_data.ensure_topic(env.kafka, topic, args.partitions)
+    sample_data.produce_page_views(env.kafka, topic, args.small, seed=5)
+    script = str(Path(__file__).with_name("plain_publisher.py"))
+    plain_s, sink_s = [], []
+    for n in range(args.repeat):
+        output = f"{env.prefix}_publish_out_{n}"
+        for name in (output, f"{output}_plain"):
+            sample_data.ensure_topic(env.kafka, name, args.partitions)
+        pipeline = env.publishing_pipeline(f"publish_{n}", topic, output)
+        batch = env.plan(pipeline)
+        settle()
+        started = time.monotonic()
+        subprocess.run([sys.executable, script, "--kafka", json.dumps(env.kafka), "--ranges",
+                        json.dumps(spans(batch.ranges)), "--output", f"{output}_plain"], check=True, capture_output=True)
+        plain_s.append(row("plain exactly-once publisher process", time.monotonic() - started, "s",
+                           f"scripts/plain_publisher.py over {batch.span:,} records, whole process")["value"])
+        sink_s.append(spark_run(env, pipeline, batch, "rows to a topic, Spark Connect")["seconds"])
+    return [(f"13 rows to a topic, {args.small / 1e6:g}M: Kafka sink / plain publisher >= 1.5",
+             min(plain_s) / min(sink_s), 1.5, ">=")]
 
 
 def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
@@ -974,7 +1011,7 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 PARTS = {"json": measure_json, "fixed": measure_fixed, "metrics": measure_metrics, "commit": measure_commit,
          "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
-         "after-abort": measure_after_abort}
+         "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink}
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:
