@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -83,11 +83,12 @@ def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]
     return Decision.PUBLISH
 
 
-@dataclass(frozen=True)
-class Message:
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]] = ()
+class Message(NamedTuple):
+    """One message to produce (a tuple: a batch makes millions of them)."""
+
+    key: bytes | str | None
+    value: bytes | str | None
+    headers: list[tuple[str, bytes | str]] | None = None
 
 
 class Publisher:
@@ -156,8 +157,7 @@ class Publisher:
     def _produce(self, message: Message) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, key=message.key, value=message.value,
-                                       headers=list(message.headers) or None)
+                self._producer.produce(self.topic, key=message.key, value=message.value, headers=message.headers)
                 return
             except BufferError:  # the local queue is full: let librdkafka send some first
                 self._producer.poll(0.05)

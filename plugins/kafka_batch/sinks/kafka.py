@@ -61,6 +61,7 @@ class KafkaSink(Sink):
         table = records.select(
             "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
             F.when(valid, key).alias("_key"), F.when(valid, value).alias("_value"),
+            F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
         ).toArrow()
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         return SinkOutput(_counts(table), table.filter(pc.invert(pc.or_(table["_tombstone"], table["_invalid"]))))
@@ -105,11 +106,10 @@ def _counts(table: pa.Table) -> dict[int, RangeCounts]:
 
 def _messages(table: pa.Table, batch) -> Iterator[Message]:
     """The messages with their headers: pipeline, batch, kind, the source record and its range."""
-    ranges = {r.range_id: f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}" for r in batch.ranges}
-    fixed = [("kafka_batch.pipeline", batch.pipeline.encode()), ("kafka_batch.batch", str(batch.id).encode()),
-             ("kafka_batch.kind", batch.kind.encode())]
-    columns = [table[name].to_pylist() for name in ("range_id", "topic", "partition", "offset", "_key", "_value")]
-    for range_id, topic, partition, offset, key, value in zip(*columns, strict=True):
-        yield Message(None if key is None else key.encode(), value.encode(), [
-            *fixed, ("kafka_batch.source", f"{topic}:{partition}:{offset}".encode()),
-            ("kafka_batch.range", ranges[range_id].encode())])
+    fixed = [("kafka_batch.pipeline", batch.pipeline), ("kafka_batch.batch", str(batch.id)),
+             ("kafka_batch.kind", batch.kind)]
+    ranges = {r.range_id: ("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")
+              for r in batch.ranges}
+    columns = [table[name].to_pylist() for name in ("range_id", "_source", "_key", "_value")]
+    for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
+        yield Message(key, value, [*fixed, ("kafka_batch.source", source), ranges[range_id]])
