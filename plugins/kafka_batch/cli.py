@@ -320,7 +320,11 @@ def cmd_status(args) -> int:
         rows = report.status(conn, kafka, pipeline)
     finally:
         conn.close()
-    sinks = _kafka_sinks(pipeline, [(r.topic, r.partition) for r in rows])
+    sinks = []
+    if pipeline.publishing_sinks:
+        from kafka_batch.kafka_publish import sink_states
+
+        sinks = sink_states(_kafka_config(pipeline), pipeline, [(r.topic, r.partition) for r in rows])
     lag = sum(r.lag for r in rows)
     breaches = []
     if args.check:
@@ -349,16 +353,6 @@ def cmd_status(args) -> int:
         print(f"kafka-batch: pipeline {pipeline.name} is behind: {'; '.join(breaches)}", file=sys.stderr)
         return BEHIND
     return 0
-
-
-def _kafka_sinks(pipeline, inputs: list[tuple[str, int]]) -> list[dict]:
-    """The state of each Kafka sink of the pipeline (kafka_publish.sink_state)."""
-    sinks = pipeline.publishing_sinks
-    if not sinks:
-        return []
-    from kafka_batch.kafka_publish import sink_state
-
-    return [sink_state(_kafka_config(pipeline), pipeline.name, sink.topic, inputs) for sink in sinks]
 
 
 def cmd_fence(args) -> int:

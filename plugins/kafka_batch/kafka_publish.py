@@ -15,7 +15,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -24,7 +23,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
-from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config
+from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
 from kafka_batch.ranges import OffsetRange
 
 log = logging.getLogger("kafka_batch.kafka_publish")
@@ -183,21 +182,25 @@ class OpenTransaction:
     since: datetime | None  # its first record's time
 
 
-def sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: Iterable[tuple[str, int]],
-               timeout: float = 10.0) -> dict[str, Any]:
-    """What an operator wants to know of a Kafka sink: the last batch committed on the topic (from the
-    publish group) and any open transaction on it, with its age."""
+def sink_states(config: dict[str, Any], pipeline, inputs: Iterable[tuple[str, int]],
+                timeout: float = 10.0) -> list[dict[str, Any]]:
+    """What an operator wants to know of each Kafka sink of the pipeline: the last batch committed on its
+    topic (from the publish group) and any open transaction on it, with its age."""
+    return [_sink_state(config, pipeline.name, sink.topic, list(inputs), timeout) for sink in pipeline.publishing_sinks]
+
+
+def _sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: list[tuple[str, int]],
+                timeout: float) -> dict[str, Any]:
     offsets = KafkaOffsets(config, timeout)
     partitions = offsets.partitions((topic,))
     stable, ends = offsets.offsets(partitions), offsets.ends(partitions)
-    held = {p: (stable[(t, p)].last_stable, ends[(t, p)]) for t, p in partitions
-            if stable[(t, p)].last_stable < ends[(t, p)]}
+    held = {tp: (stable[tp].last_stable, ends[tp]) for tp in partitions if stable[tp].last_stable < ends[tp]}
+    since = first_timestamps(config, {tp: lso for tp, (lso, _) in held.items()}, timeout, committed=False)
     group = Consumer({**admin_config(config), "group.id": transactional_id(pipeline, topic), "enable.auto.commit": False,
-                      "isolation.level": "read_uncommitted", "logger": LIBRDKAFKA_LOG})
+                      "logger": LIBRDKAFKA_LOG})
     try:
-        found = [Published.from_metadata(tp.metadata) for tp in group.committed(
-            [TopicPartition(t, p) for t, p in inputs], timeout=timeout)]
-        since = _first_times(group, topic, {p: lso for p, (lso, _) in held.items()}, timeout)
+        found = [Published.from_metadata(tp.metadata)
+                 for tp in group.committed([TopicPartition(t, p) for t, p in inputs], timeout=timeout)]
     except KafkaException as exc:
         raise _service_error(f"could not read the state of the Kafka sink {topic!r}", exc) from None
     finally:
@@ -205,22 +208,9 @@ def sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: Iterab
     last = max((p for p in found if p is not None), key=lambda p: p.batch_id, default=None)
     return {"topic": topic, "transactional_id": transactional_id(pipeline, topic),
             "last_published": None if last is None else asdict(last),
-            "open_transactions": [asdict(OpenTransaction(p, lso, end, since.get(p)))
-                                  for p, (lso, end) in sorted(held.items())]}
-
-
-def _first_times(consumer: Consumer, topic: str, at: dict[int, int], timeout: float) -> dict[int, datetime]:
-    """The time of the record at each partition's offset (the open transaction's first), read uncommitted."""
-    if not at:
-        return {}
-    consumer.assign([TopicPartition(topic, p, offset) for p, offset in at.items()])
-    found: dict[int, datetime] = {}
-    deadline = time.monotonic() + timeout
-    while len(found) < len(at) and time.monotonic() < deadline:
-        message = consumer.poll(0.5)
-        if message is not None and not message.error() and message.partition() not in found:
-            found[message.partition()] = datetime.fromtimestamp(message.timestamp()[1] / 1000, UTC)
-    return found
+            "open_transactions": [asdict(OpenTransaction(
+                p, lso, end, None if since.get((t, p)) is None else datetime.fromtimestamp(since[(t, p)] / 1000, UTC)))
+                for (t, p), (lso, end) in sorted(held.items())]}
 
 
 def _service_error(what: str, exc: KafkaException) -> ServiceError:

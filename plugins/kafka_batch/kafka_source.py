@@ -274,8 +274,9 @@ def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:
 
 
 def first_timestamps(config: dict[str, Any], positions: dict[tuple[str, int], int],
-                     timeout: float = 5.0) -> dict[tuple[str, int], int | None]:
-    """The timestamp (ms) of the first committed record at or after each position: the oldest unread one.
+                     timeout: float = 5.0, committed: bool = True) -> dict[tuple[str, int], int | None]:
+    """The timestamp (ms) of the first committed record at or after each position: the oldest unread one
+    (with `committed` false, of any record: an open transaction's first, at a last stable offset).
 
     None where the partition has no record there (markers only, the end, or a position retention
     overtook) or none arrived in time.
@@ -284,7 +285,8 @@ def first_timestamps(config: dict[str, Any], positions: dict[tuple[str, int], in
     if not positions:
         return {}
     found: dict[tuple[str, int], int | None] = dict.fromkeys(positions)
-    consumer = Consumer(reader_config({**config, "fetch.max.bytes": 1_048_576, "max.partition.fetch.bytes": 65_536}))
+    settings = reader_config({**config, "fetch.max.bytes": 1_048_576, "max.partition.fetch.bytes": 65_536})
+    consumer = Consumer({**settings, **({} if committed else {"isolation.level": "read_uncommitted"})})
     pending = set(positions)
     try:
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])

@@ -196,17 +196,15 @@ def _detail(pipeline, limit: int) -> dict:
 
 
 def _kafka_sinks(pipeline, services: _Services, result: dict, conns: list) -> list[dict]:
-    """Each Kafka sink's last published batch and open transactions (kafka_publish.sink_state); a broker
+    """Each Kafka sink's last published batch and open transactions (kafka_publish.sink_states); a broker
     that does not answer is the page's Kafka error, once."""
-    sinks = pipeline.publishing_sinks
-    if not sinks or result["kafka_error"]:
+    if not pipeline.publishing_sinks or result["kafka_error"]:
         return []
-    from kafka_batch.kafka_publish import sink_state
+    from kafka_batch.kafka_publish import sink_states
 
     inputs = [(p["topic"], p["partition"]) for p in result["partitions"]]
     try:
-        return [sink_state(services.kafka_config, pipeline.name, sink.topic, inputs, timeout=KAFKA_TIMEOUT_SECONDS)
-                for sink in sinks]
+        return sink_states(services.kafka_config, pipeline, inputs, timeout=KAFKA_TIMEOUT_SECONDS)
     except Exception as exc:
         log.warning("console: pipeline %s: Kafka sink: %s", pipeline.name, exc)
         result["kafka_error"] = _error(exc, conns)

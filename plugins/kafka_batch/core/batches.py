@@ -98,8 +98,16 @@ def find_batch(cur, pipeline_name: str, dag_id: str | None, run_id: str) -> Batc
 def unfinished(cur, pipeline_name: str) -> Batch | None:
     """The pipeline's newest batch (not a replay) that may still commit: planned, or failed."""
     cur.execute(_SELECT_BATCH + "pipeline = %s AND kind = 'batch' AND status = ANY(%s) ORDER BY id DESC LIMIT 1",
-                (pipeline_name, [BatchStatus.PLANNED.value, BatchStatus.FAILED.value]))
+                (pipeline_name, list(RUNNABLE)))
     return _batch(cur, cur.fetchone())
+
+
+def may_commit(cur, pipeline_name: str) -> dict[int, str]:
+    """Every batch of the pipeline that may still commit (replays too), described for a message:
+    `<status>, run <run id>`."""
+    cur.execute("SELECT id, status || ', run ' || run_id FROM kafka_batch.batches WHERE pipeline = %s"
+                " AND status = ANY(%s)", (pipeline_name, list(RUNNABLE)))
+    return dict(cur.fetchall())
 
 
 def load_batch(conn, batch_id: int) -> Batch:

@@ -120,10 +120,12 @@ def commit_batch(
         batches.finish(cur, batch, BatchStatus.COMMITTED, counts, read_tasks,
                        phases=(read_seconds, time.monotonic() - started), rows_written=rows)
         fold_beyond_horizon(cur, pipeline)
-        for sink in pipeline.publishing_sinks:
+        if pipeline.publishing_sinks:
             if kafka_config is None:
-                raise StateError(f"batch {batch_id}: the {sink.kind} sink publishes and no Kafka connection was given")
-            sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config)
+                raise StateError(f"batch {batch_id}: the pipeline publishes and no Kafka connection was given")
+            pending = batches.may_commit(cur, pipeline.name)  # this batch shows as committed already
+            for sink in pipeline.publishing_sinks:
+                sink.publish(outputs[sink.kind].result, batch, attempt, kafka_config, pending)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

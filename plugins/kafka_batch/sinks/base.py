@@ -265,9 +265,10 @@ class Sink(Model, ABC):
         """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
         output (per key: before and after); change nothing else. Returns how many keys would change."""
 
-    def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict) -> int:
+    def publish(self, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
         """Last in the commit transaction, for a sink that `publishes`: send the batch's output, exactly
-        once across attempts; returns the messages it sent."""
+        once across attempts (`pending`: the pipeline's other batches that may still commit, which
+        kafka_publish.decide needs); returns the messages it sent."""
         raise NotImplementedError(f"the {self.kind} sink does not publish")
 
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook

@@ -26,9 +26,6 @@ from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base
 from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext
 
-# Batches that may still commit: one of them found published in Kafka blocks the others (kafka_publish.decide).
-_MAY_COMMIT = ("planned", "failed")
-
 
 class KafkaSink(Sink):
     """Every visible record as one message on a topic: `sinks: {kafka: {topic, key, value}}`."""
@@ -70,10 +67,7 @@ class KafkaSink(Sink):
         """Nothing in Postgres: the messages go out in `publish`, last in the commit."""
         return 0
 
-    def publish(self, cur, result: pa.Table, batch, attempt: int, kafka_config: dict) -> int:
-        cur.execute("SELECT id, status || ', run ' || run_id FROM kafka_batch.batches WHERE pipeline = %s"
-                    " AND status = ANY(%s)", (batch.pipeline, list(_MAY_COMMIT)))
-        pending = dict(cur.fetchall())
+    def publish(self, result: pa.Table, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
         publisher = Publisher(kafka_config, batch.pipeline, self.topic)
         try:
             publisher.fence()
