@@ -81,3 +81,22 @@ def test_a_spark_connect_url_is_the_providers(conn, monkeypatch):
 
     monkeypatch.setenv("AIRFLOW_CONN_SC_TEST", json.dumps(conn))
     assert connection_url(from_environment("sc_test")) == SparkConnectHook("sc_test").get_connection_url()
+
+
+class _Racing:
+    """A session whose addArtifacts fails as Spark Connect's does when another client added the same file."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def addArtifacts(self, *paths, pyfile: bool) -> None:  # noqa: N802 - pyspark's name
+        raise RuntimeError(self.message)
+
+
+def test_a_package_another_client_added_at_the_same_moment_is_added(tmp_path):
+    from kafka_batch.spark.connect import _add_package
+
+    _add_package(_Racing("(java.nio.file.FileAlreadyExistsException) /tmp/artifacts-1/2/pyfiles/kafka_batch.zip"),
+                 tmp_path / "kafka_batch.zip")
+    with pytest.raises(RuntimeError, match="SESSION_CLOSED"):
+        _add_package(_Racing("[INVALID_HANDLE.SESSION_CLOSED]"), tmp_path / "kafka_batch.zip")

@@ -93,7 +93,7 @@ def session(spark_conn: ConnectionFields):
         shared = f"{url};session_id={session_id(package.read_bytes())}"
         try:
             spark = SparkSession.builder.remote(shared).getOrCreate()
-            spark.addArtifacts(str(package), pyfile=True)
+            _add_package(spark, package)
         except Exception as exc:  # noqa: BLE001 - sorted below: a closed session, or no server
             if "SESSION_CLOSED" not in str(exc):
                 raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer: {' '.join(str(exc).split())}") from None
@@ -104,6 +104,18 @@ def session(spark_conn: ConnectionFields):
     for key, value in SESSION_CONF.items():
         spark.conf.set(key, value)
     return spark
+
+
+def _add_package(spark, package: Path) -> None:
+    """Add the package to the shared session. Two clients adding it at once (two batches starting after
+    a deploy) race in the server's artifact manager, and the second's move finds the file there: the
+    same bytes, since the session id is the package's hash, so that is success."""
+    try:
+        spark.addArtifacts(str(package), pyfile=True)
+    except Exception as exc:
+        if "FileAlreadyExistsException" not in str(exc):
+            raise
+        log.info("the package was added to the shared Spark Connect session by another client meanwhile")
 
 
 @contextmanager
