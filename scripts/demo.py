@@ -1,5 +1,6 @@
 """`make demo`: produce page views, run the DAG through Airflow, show offsets and totals, twice; then
-the same with Avro page views through the Schema Registry, whose schema gains a field half way.
+the same with Avro page views through the Schema Registry, whose schema gains a field half way; then
+the per-page totals published to a compacted Kafka topic (the Kafka sink), read back and checked.
 
 Runs against the services of `make up` (the environment of .local/env.sh). Each DAG run must add
 exactly the records produced since the previous one: the script checks it and says so.
@@ -7,18 +8,21 @@ exactly the records produced since the previous one: the script checks it and sa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 
 import psycopg2
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
 from kafka_batch_dev import local_stack, sample_data
 
-PIPELINE, AVRO_PIPELINE = "page_views", "page_views_avro"
+PIPELINE, AVRO_PIPELINE, TOTALS_PIPELINE = "page_views", "page_views_avro", "page_view_totals"
 FIRST, SECOND = 20_000, 5_000
 AVRO = 10_000  # Avro page views: the first half written with version 1 of the schema, the rest with version 2
 
@@ -79,6 +83,8 @@ def main() -> int:
             before = after
         if avro_step(cur, kafka, log_dir) != 0:
             return 1
+        if totals_step(cur, kafka, log_dir, pipeline.sinks[0].table) != 0:
+            return 1
     conn.close()
     print(f"\nDemo done. {local_stack.console_hint()}\n"
           f"`make down` stops the local services; data stays in {local_stack.home()}.")
@@ -111,6 +117,57 @@ def avro_step(cur, kafka: dict, log_dir: str) -> int:
     exact = total == AVRO and unknown == AVRO // 2
     print(f"  added {total} views for {AVRO} produced records, {unknown} of them from version-1 records read with"
           f" the default country: {'exactly the new records' if exact else 'MISMATCH'}")
+    return 0 if exact else 1
+
+
+def _compacted(kafka: dict, topic: str) -> dict[str, dict]:
+    """The topic as compaction leaves it, read by a plain read_committed consumer: per key its last value
+    (a tombstone removes the key)."""
+    consumer = Consumer({"bootstrap.servers": kafka["bootstrap.servers"], "group.id": f"demo-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False,
+                         **{k: v for k, v in kafka.items() if k.startswith(("security.", "sasl.", "ssl."))}})
+    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    latest: dict[str, dict] = {}
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < len(partitions):
+            for message in consumer.consume(1000, timeout=5):
+                if message.error():
+                    if message.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(message.error())
+                    at_end.add(message.partition())
+                    continue
+                at_end.discard(message.partition())
+                key = json.loads(message.key())["page"]
+                if message.value() is None:
+                    latest.pop(key, None)
+                else:
+                    latest[key] = json.loads(message.value())
+    finally:
+        consumer.close()
+    return latest
+
+
+def totals_step(cur, kafka: dict, log_dir: str, minutes_table: str) -> int:
+    """The per-page totals in Postgres and on a compacted topic: the topic, read back by a plain consumer,
+    equals the table, whose views equal the per-minute table's (both read every page view)."""
+    pipeline = load_pipeline(TOTALS_PIPELINE)
+    sink = next(s for s in pipeline.sinks if s.kind == "kafka")
+    sample_data.ensure_topic(kafka, sink.topic, partitions=3, settings={"cleanup.policy": "compact"})
+    print(f"\n== Kafka sink: per-page totals in table {sink.changelog_of!r} and on the compacted topic {sink.topic!r}")
+    run_dag(pipeline.dag_id, os.path.join(log_dir, "run-totals.log"))
+    cur.execute(f"SELECT page, views, total_duration_ms FROM {sink.changelog_of} ORDER BY page")
+    table = {page: (views, duration) for page, views, duration in cur.fetchall()}
+    topic = {page: (row["views"], row["total_duration_ms"]) for page, row in _compacted(kafka, sink.topic).items()}
+    for page, (views, duration) in table.items():
+        print(f"    {page:<12} views={views:<6} total_duration_ms={duration:<12} topic: {topic.get(page)}")
+    cur.execute(f"SELECT coalesce(sum(views), 0) FROM {minutes_table}")
+    minutes = cur.fetchone()[0]
+    exact = topic == table and sum(v for v, _ in table.values()) == minutes
+    print(f"  the compacted topic holds {len(topic)} pages, the table {len(table)}, {minutes} views in both"
+          f" pipelines: {'the topic equals the table' if exact else 'MISMATCH'}")
     return 0 if exact else 1
 
 

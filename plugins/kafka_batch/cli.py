@@ -283,7 +283,8 @@ def cmd_reset(args) -> int:
     conn, kafka = _services(pipeline)
     try:
         moves = resets.reset_positions(
-            conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute
+            conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute,
+            kafka_config=_kafka_config(pipeline),
         )
         if args.execute:
             metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))

@@ -463,6 +463,9 @@ class Pipeline(Model):
         used = [n for sink in self.sinks for n in sink.tables]
         if len(set(used)) != len(used):
             raise ValueError(f"two sinks write the same table ({sorted(used)})")
+        problems = [problem for sink in self.sinks if (problem := sink.problem_with(self)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
         unknown_topics = {t for t, _ in self.start.offsets} - set(self.topics)
         if unknown_topics and self.topic_pattern is None:
             raise ValueError(f"start.offsets names topic(s) {sorted(unknown_topics)} that are not in topics")

@@ -94,7 +94,7 @@ class Publisher:
     """One attempt's transactional producer for a pipeline's output topic."""
 
     def __init__(self, config: dict[str, Any], pipeline: str, topic: str, *, timeout: float = 60.0,
-                 transaction_timeout_ms: int = 900_000):
+                 transaction_timeout_ms: int = 900_000, message_max_bytes: int = 1_000_000):
         self.topic = topic
         self.transactional_id = transactional_id(pipeline, topic)
         self._config = admin_config(config)
@@ -102,6 +102,7 @@ class Publisher:
         self._producer = Producer({
             **self._config, "transactional.id": self.transactional_id, "enable.idempotence": True,
             "transaction.timeout.ms": transaction_timeout_ms, "linger.ms": 5, "logger": LIBRDKAFKA_LOG,
+            "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
         self._group = Consumer({**self._config, "group.id": self.transactional_id, "enable.auto.commit": False,
                                 "logger": LIBRDKAFKA_LOG})
@@ -114,6 +115,10 @@ class Publisher:
         try:
             self._producer.init_transactions(self._timeout)
         except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                raise InputError(f"the broker refused transaction.timeout.ms of {self.transactional_id}:"
+                                 f" {exc.args[0].str()}; set sinks.kafka.transaction_timeout_seconds at most to"
+                                 " the broker's transaction.max.timeout.ms") from None
             raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
 
     def published(self, partitions: Iterable[tuple[str, int]]) -> list[Published]:
@@ -145,6 +150,11 @@ class Publisher:
                                     f" producer of {self.transactional_id}; it published nothing") from None
             if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                 raise InputError(f"output topic {self.topic!r} does not exist; nothing was published") from None
+            if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
+                self._abort_quietly()
+                raise InputError(f"topic {self.topic!r} refused a message as too large ({error.str()}); set"
+                                 " sinks.kafka.max_message_bytes at most to the topic's max.message.bytes (larger"
+                                 " records are then quarantined); nothing was published") from None
             if error.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                                 KafkaError.GROUP_AUTHORIZATION_FAILED):
                 raise InputError(f"not authorized to publish to {self.topic!r} as {self.transactional_id}:"
@@ -169,6 +179,24 @@ class Publisher:
 
     def close(self) -> None:
         self._group.close()
+
+
+def published_pending(config: dict[str, Any], pipeline, pending: Mapping[int, str],
+                      inputs: Iterable[tuple[str, int]]) -> dict[int, str]:
+    """Which of the batches that may still commit (`pending`) are in Kafka already, per batch the topic:
+    their output is published and their Postgres commit is pending. Every producer of each output topic is
+    fenced first, so no other batch can become so meanwhile. What would supersede such a batch (a
+    position reset) must refuse: the batch's next attempt completes it, a new batch would publish again."""
+    found: dict[int, str] = {}
+    inputs = list(inputs)
+    for sink in pipeline.publishing_sinks:
+        publisher = Publisher(config, pipeline.name, sink.topic)
+        try:
+            publisher.fence()
+            found.update({p.batch_id: sink.topic for p in publisher.published(inputs) if p.batch_id in pending})
+        finally:
+            publisher.close()
+    return found
 
 
 @dataclass(frozen=True)

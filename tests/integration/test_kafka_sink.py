@@ -24,6 +24,7 @@ from tests.integration.helpers import (
     positions,
     query,
     run_cli,
+    update_pipeline,
 )
 from tests.integration.test_end_to_end import _produce, _transactional_page_views
 from tests.integration.test_kafka_publish import _attempt
@@ -53,9 +54,9 @@ def _execute(statement: str, *params) -> None:
     conn.close()
 
 
-def _output(topic: str) -> list[dict]:
+def _output(topic: str, partitions=(0, 1)) -> list[dict]:
     found = []
-    for message in _committed_messages(topic, [0, 1]):
+    for message in _committed_messages(topic, list(partitions)):
         headers = {k: v.decode() for k, v in message.headers() or []}
         found.append({"key": message.key(), "value": json.loads(message.value()), **headers})
     return found
@@ -153,3 +154,34 @@ def test_status_shows_the_sink_and_fence_ends_a_killed_attempts_open_transaction
     again = [m for m in _output(output) if m["kafka_batch.kind"] == "replay"]
     assert sorted(int(m["kafka_batch.source"].split(":")[2]) for m in again) == list(range(50))  # the whole range
     assert {m["kafka_batch.batch"] for m in again} == {str(replay_id)}
+
+
+def test_a_message_over_the_size_limit_is_quarantined_and_a_missing_topic_changes_nothing(services):
+    output = f"kafkasize_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 1)
+    pipeline = new_pipeline("kafkasize", partitions=1, sinks={
+        "aggregate": {"table": f"kafkasize_{uuid.uuid4().hex[:8]}", "group_by": {"page": "page"},
+                      "measures": {"views": {"expr": "1"}}},
+        "kafka": {"topic": output, "value": {"page": "page"}, "max_message_bytes": 1000}})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 30, seed=84)
+    big = json.dumps({"user_id": "u", "page": "/" + "x" * 300, "duration_ms": 1}).encode()
+    [fits] = _produce(topic, [big])  # key "u", value {"page":"/xxx..."}: 1 + 312 + 512 for headers <= 1000
+    [over] = _produce(topic, [big.replace(b"x" * 300, b"y" * 900)])  # 1 + 912 + 512 > 1000
+    run_cli("run", "--pipeline", pipeline.name)
+    [(offset, reason)] = query('SELECT "offset", reason FROM kafka_batch.quarantine WHERE pipeline = %s', pipeline.name)
+    assert offset == over and "over sinks.kafka.max_message_bytes 1000" in reason, reason
+    assert f"its message to Kafka topic {output} would be 1" in reason
+    published = sorted(int(m["kafka_batch.source"].split(":")[2]) for m in _output(output, [0]))
+    assert published == [o for o in range(over + 1) if o != over] and fits in published
+    assert query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}") == [(31,)]
+
+    # A sink whose topic is missing: one line, nothing committed, the positions where they were.
+    before = positions(pipeline.name)
+    update = dict(pipeline.definition["sinks"], kafka={"topic": f"{output}_missing", "value": {"page": "page"}})
+    update_pipeline(pipeline.name, sinks=update)
+    sample_data.produce_page_views(kafka_config(), topic, 5, seed=85)
+    failed = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert failed.returncode != 0 and f"topic '{output}_missing' does not exist" in failed.stderr, failed.stderr
+    assert positions(pipeline.name) == before
+    assert query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}") == [(31,)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -130,3 +131,30 @@ def test_a_pipeline_may_have_both_sinks_but_not_one_table_twice():
     clash = with_changes(sinks={**BASE["sinks"], "rows": {"table": "page_view_minutes", "columns": {"page": "page"}}})
     with pytest.raises(InputError, match="two sinks write the same table"):
         parse_pipeline(clash)
+
+
+@pytest.mark.parametrize(
+    "kafka, message",
+    [
+        ({"topic": "out", "changelog_of": "elsewhere"},
+         "changelog_of names table 'elsewhere', which no aggregate or upsert sink of the pipeline writes"
+         " (keyed tables: ['page_view_minutes'])"),
+        ({"topic": "out", "changelog_of": "views"}, "changelog_of names table 'views', which no"),  # rows: no key
+        ({"topic": "out", "changelog_of": "page_view_minutes", "transaction_timeout_seconds": 120},
+         "sinks.kafka.transaction_timeout_seconds 120 is shorter than a batch's publish can take (290 s:"
+         " limits.max_records_per_batch 10000000 messages at 50,000 a second, and three read.kafka_timeout_seconds"
+         " 30)"),
+        ({"topic": "out", "changelog_of": "page_view_minutes", "value": {"page": "page"}},
+         "give either value (one message per record) or changelog_of (a table's changes)"),
+        ({"topic": "out"}, "give either value (one message per record) or changelog_of"),
+        ({"topic": "out", "changelog_of": "page_view_minutes", "key": "page"}, "leave key out"),
+    ],
+)
+def test_a_kafka_sink_has_one_shape_and_a_changelog_names_a_keyed_table(kafka, message):
+    raw = with_changes()
+    raw["sinks"]["rows"] = {"table": "views", "columns": {"page": "page"}}
+    raw["sinks"]["kafka"] = kafka
+    with pytest.raises(InputError, match=re.escape(message)):
+        parse_pipeline(raw)
+    raw["sinks"]["kafka"] = {"topic": "out", "changelog_of": "page_view_minutes"}
+    assert parse_pipeline(raw).sink_settings.kafka.publishes_tables == ("page_view_minutes",)

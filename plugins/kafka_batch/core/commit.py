@@ -72,7 +72,7 @@ def fold_beyond_horizon(cur, pipeline: Pipeline) -> int:
 
 def _counts(batch: batches.Batch, outputs: Mapping[str, SinkOutput]) -> dict[int, RangeCounts]:
     """Per range, what the sinks counted: they read the same records, so they must agree."""
-    counted = [output.counts for output in outputs.values()]
+    counted = [output.counts for output in outputs.values() if output.counts is not None]
     counts = counted[0] if counted else {}
     if any(other != counts for other in counted[1:]):
         raise StateError(f"batch {batch.id}: the sinks counted different records per range; nothing was committed")
@@ -125,7 +125,7 @@ def commit_batch(
                 raise StateError(f"batch {batch_id}: the pipeline publishes and no Kafka connection was given")
             pending = batches.may_commit(cur, pipeline.name)  # this batch shows as committed already
             for sink in pipeline.publishing_sinks:
-                sink.publish(outputs[sink.kind].result, batch, attempt, kafka_config, pending)
+                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config, pending)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from kafka_batch.config import Pipeline
 from kafka_batch.core.database import transaction
 from kafka_batch.errors import StateError
+from kafka_batch.sinks import changelog
 
 
 def ensure_pipeline(conn, pipeline: Pipeline) -> None:
@@ -20,9 +21,10 @@ def ensure_pipeline(conn, pipeline: Pipeline) -> None:
         cur.execute("SELECT 1 FROM kafka_batch.pipelines WHERE name = %s", (pipeline.name,))
         if cur.fetchone() is None:
             cur.execute("INSERT INTO kafka_batch.pipelines (name) VALUES (%s) ON CONFLICT DO NOTHING", (pipeline.name,))
-        for sink in pipeline.sinks:
+        for sink in sorted(pipeline.sinks, key=lambda s: s.publishes):  # a changelog needs its table first
             sink.create(cur, pipeline.name)
-
+        published = {t for sink in pipeline.sinks for t in sink.publishes_tables}
+        changelog.uninstall(cur, [t for t in pipeline.tables if t not in published])
 
 
 def lock_pipeline(cur, pipeline_name: str) -> None:

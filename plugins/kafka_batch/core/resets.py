@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kafka_batch import kafka_publish
 from kafka_batch.config import Pipeline
 from kafka_batch.core import batches, ledger, positions, registry
 from kafka_batch.core.commit import retire_ranges
 from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import OffsetRequest, offsets_at, prepare, read_partitions, refuse_folded
-from kafka_batch.errors import InputError
+from kafka_batch.errors import InputError, StateError
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange
 
@@ -42,9 +43,11 @@ class Reset:
 
 def reset_positions(
     conn, kafka: KafkaOffsets, pipeline: Pipeline, request: OffsetRequest, *, requested_by: str, reason: str,
-    dry_run: bool = True,
+    dry_run: bool = True, kafka_config: dict | None = None,
 ) -> list[Reset]:
-    """Move positions back (removing what the ranges after the target added) or forward (skipping)."""
+    """Move positions back (removing what the ranges after the target added) or forward (skipping).
+    A pipeline that publishes to Kafka (on `kafka_config`) refuses while a batch of it is published and
+    not committed in Postgres (`_refuse_published`)."""
     if not reason.strip():
         raise InputError("a reset needs a reason; it is recorded with who asked and when")
     prepare(conn, pipeline)
@@ -65,9 +68,27 @@ def reset_positions(
                                       offsets[(request.topic, p)]))
         if dry_run:
             return resets
+        _refuse_published(cur, pipeline, kafka_config, stored)
         resets = [_apply_reset(cur, pipeline, reset, requested_by, reason) for reset in resets]
         batches.supersede_planned(cur, pipeline.name, "superseded by a position reset")
     return resets
+
+
+def _refuse_published(cur, pipeline: Pipeline, kafka_config: dict | None, inputs) -> None:
+    """A reset supersedes the unfinished batches; one whose output is in Kafka already must complete first
+    (superseded, its records would be published again by the batch that reads them next)."""
+    pending = batches.may_commit(cur, pipeline.name) if pipeline.publishing_sinks else {}
+    if not pending:
+        return
+    if kafka_config is None:
+        raise StateError(f"pipeline {pipeline.name!r} publishes to Kafka: a reset needs its Kafka connection")
+    published = kafka_publish.published_pending(kafka_config, pipeline, pending, inputs)
+    if published:
+        batch_id, topic = min(published.items())
+        raise InputError(
+            f"pipeline {pipeline.name!r}: batch {batch_id} ({pending[batch_id]}) is published to topic {topic!r} and"
+            " not yet committed in Postgres; run the pipeline once (its next attempt completes the batch without"
+            " publishing again), then reset; nothing was changed")
 
 
 def _plan_reset(cur, pipeline: Pipeline, topic: str, partition: int, position: int, target: int, offsets) -> Reset:

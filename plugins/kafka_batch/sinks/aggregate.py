@@ -48,6 +48,7 @@ class AggregateSink(TableSink):
     """Additive measures per group key: `sinks: {aggregate: {table, group_by, measures}}`."""
 
     kind = "aggregate"
+    keyed = True
     group_by: columns(ColumnSpec)
     """The group key: its columns make the table's primary key (a record where one is null is invalid)."""
     measures: columns(MeasureSpec)

@@ -70,9 +70,10 @@ class RangeCounts:
 
 @dataclass(frozen=True)
 class SinkOutput:
-    """What `compute` hands to the commit: per-range counts, and the result `apply` takes."""
+    """What `compute` hands to the commit: per-range counts (None: the sink reads no records, as a
+    changelog publishes what another sink changed), and the result `apply` takes."""
 
-    counts: dict[int, RangeCounts]
+    counts: dict[int, RangeCounts] | None
     result: Any
 
 
@@ -239,6 +240,26 @@ class Sink(Model, ABC):
         """The public tables this sink writes (two pipelines may not share one)."""
         return ()
 
+    @property
+    def publishes_tables(self) -> tuple[str, ...]:
+        """Tables of the pipeline's other sinks whose changes this sink publishes (keyed ones)."""
+        return ()
+
+    def problem_with(self, pipeline) -> str | None:
+        """What in the rest of the pipeline's definition this sink cannot work with (the definition is
+        refused with it), or None."""
+        return None
+
+    def invalid_when(self) -> list[tuple[Any, Any]]:
+        """(condition, reason) Spark columns over a parsed record that make it invalid: quarantined, so no
+        sink processes it (the sinks of a pipeline process the same records)."""
+        return []
+
+    @property
+    def reads_records(self) -> bool:
+        """`compute` reads the batch's records (a sink publishing another's changes reads none)."""
+        return not self.publishes_tables
+
     @abstractmethod
     def create(self, cur, pipeline_name: str) -> None:
         """Create the sink's tables; refuse existing ones whose columns differ from the definition."""
@@ -265,7 +286,7 @@ class Sink(Model, ABC):
         """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
         output (per key: before and after); change nothing else. Returns how many keys would change."""
 
-    def publish(self, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
+    def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
         """Last in the commit transaction, for a sink that `publishes`: send the batch's output, exactly
         once across attempts (`pending`: the pipeline's other batches that may still commit, which
         kafka_publish.decide needs); returns the messages it sent."""
@@ -284,6 +305,8 @@ class TableSink(Sink, ABC):
 
     table: Identifier
     """The table in the public schema that holds the output (created when missing)."""
+    keyed: ClassVar[bool] = False
+    """The table has a primary key, so its changes can be published as a changelog."""
 
     @property
     def tables(self) -> tuple[str, ...]:

@@ -1,15 +1,19 @@
 """The Kafka sink: a batch's output published to a topic, exactly once with its Postgres commit.
 
-Shape `rows` (the first one built): one message per visible input record, in the input's order, its
-key and JSON value from expressions, with headers naming the pipeline, the batch, its kind, the source
-record and its range. Spark computes the messages; the commit transaction publishes them last, through
+Two shapes. `rows`: one message per visible input record, in the input's order, its key and JSON value
+from expressions, with headers naming the pipeline, the batch, its kind, the source record and its
+range; Spark computes the messages. `changelog_of: <table>` (an aggregate's or upsert's table): one
+message per key whose row changed, keyed by the table's primary key, its value the new row (or a
+tombstone), so a compacted topic converges to the table; Postgres captures the keys
+(kafka_batch.sinks.changelog). Either way the commit transaction publishes last, through
 kafka_batch.kafka_publish (one Kafka transaction with the batch's identity), so a crash at any point
-neither loses nor repeats them; docs/design.md has the argument.
+neither loses nor repeats a batch; docs/design.md has the argument.
 
-A published message cannot be taken back: `remove` (a replay's or a rewind's) changes nothing in the
-topic. A replay publishes its records again, marked `kafka_batch.kind: replay`; after a rewind, the
-batches that read the ranges again publish them again (`kafka_batch.source` names the record, so a
-consumer can tell).
+A published message cannot be taken back. For `rows`, `remove` (a replay's or a rewind's) changes
+nothing in the topic: a replay publishes its records again, marked `kafka_batch.kind: replay`; after a
+rewind, the batches that read the ranges again publish them again (`kafka_batch.source` names the
+record, so a consumer can tell). A changelog needs no such rule: a replay or a rewind changes the
+table, and every key it changed is published with its corrected row.
 """
 
 from __future__ import annotations
@@ -19,16 +23,21 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import model_validator
 
 from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
-from kafka_batch.model import Expression, TopicName
+from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.sinks import base
-from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext
+from kafka_batch.sinks import base, changelog
+from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink
+
+HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
+PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
 
 
 class KafkaSink(Sink):
-    """Every visible record as one message on a topic: `sinks: {kafka: {topic, key, value}}`."""
+    """Results published to a topic: every visible record (`sinks: {kafka: {topic, key, value}}`), or the
+    changes of an aggregate's or upsert's table (`sinks: {kafka: {topic, changelog_of: <table>}}`)."""
 
     kind = "kafka"
     publishes = True
@@ -36,28 +45,93 @@ class KafkaSink(Sink):
     """The output topic, on the pipeline's Kafka connection. It must exist: a batch that finds it missing
     fails with one line and commits nothing."""
     key: Expression | None = None
-    """A Spark SQL expression whose text is each message's key (UTF-8); none: messages have no key."""
-    value: base.columns(base.ColumnSpec)
-    """Each message's value: a JSON object of these fields (`name: expr`, or `{expr, type}`)."""
+    """Shape rows: a Spark SQL expression whose text is each message's key (UTF-8); none: no key."""
+    value: base.columns(base.ColumnSpec) | None = None
+    """Shape rows: each message's value, a JSON object of these fields (`name: expr`, or `{expr, type}`)."""
+    changelog_of: Identifier | None = None
+    """Shape changelog: the table of the pipeline's aggregate or upsert sink whose changes are published,
+    one message per changed key (key: the primary key as a JSON object; value: the row as a JSON object,
+    or a tombstone for a deleted key). Use a compacted topic: it converges to the table."""
+    max_message_bytes: PositiveInt = 1_000_000
+    """Shape rows: a record whose message (key and value, plus 512 bytes for the headers) would be larger
+    is invalid, quarantined with its reason (so no sink processes it), instead of failing every attempt at
+    the broker. At most the topic's `max.message.bytes` (Kafka's default: 1,048,588)."""
+    transaction_timeout_seconds: PositiveInt = 900
+    """The producer's `transaction.timeout.ms`, in seconds: how long an open transaction of a killed
+    attempt can hold `read_committed` readers back, at most (`kafka-batch fence` ends it sooner). It must
+    outlast a batch's publish: a definition where it is shorter than `limits.max_records_per_batch`
+    messages at 50,000 a second plus three `read.kafka_timeout_seconds` is refused. At most the broker's
+    `transaction.max.timeout.ms` (default 900)."""
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> KafkaSink:
+        if (self.value is None) == (self.changelog_of is None):
+            raise ValueError("give either value (one message per record) or changelog_of (a table's changes)")
+        if self.changelog_of is not None and self.key is not None:
+            raise ValueError("a changelog's messages are keyed by its table's primary key: leave key out")
+        return self
+
+    def problem_with(self, pipeline) -> str | None:
+        keyed = {sink.table for sink in pipeline.sinks if isinstance(sink, TableSink) and sink.keyed}
+        if self.changelog_of is not None and self.changelog_of not in keyed:
+            return (f"changelog_of names table {self.changelog_of!r}, which no aggregate or upsert sink of the pipeline"
+                    f" writes (keyed tables: {sorted(keyed) or 'none'})")
+        publish = pipeline.limits.max_records_per_batch / PUBLISH_RATE + 3 * pipeline.read.kafka_timeout_seconds
+        if self.transaction_timeout_seconds < publish:
+            return (f"sinks.kafka.transaction_timeout_seconds {self.transaction_timeout_seconds} is shorter than a"
+                    f" batch's publish can take ({publish:.0f} s: limits.max_records_per_batch"
+                    f" {pipeline.limits.max_records_per_batch} messages at {PUBLISH_RATE:,} a second, and three"
+                    f" read.kafka_timeout_seconds {pipeline.read.kafka_timeout_seconds:g}); the broker would abort"
+                    " long publishes. Raise it, or lower limits.max_records_per_batch")
+        return None
+
+    def invalid_when(self) -> list[tuple[Any, Any]]:
+        """A record whose message would be over max_message_bytes (the broker would refuse it)."""
+        if self.value is None:
+            return []
+        from pyspark.sql import functions as F
+
+        size = F.coalesce(F.octet_length(self._key()), F.lit(0)) + F.octet_length(self._value()) + HEADER_BYTES
+        return [(size > self.max_message_bytes, F.format_string(
+            f"its message to Kafka topic {self.topic} would be %d bytes, over sinks.kafka.max_message_bytes"
+            f" {self.max_message_bytes}", size))]
+
+    def _key(self):
+        from pyspark.sql import functions as F
+
+        return F.expr(self.key).cast("string") if self.key else F.lit(None).cast("string")
+
+    def _value(self):
+        from pyspark.sql import functions as F
+
+        return F.to_json(F.struct(*[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.value]))
 
     @property
     def columns_used(self) -> tuple[base.Column, ...]:
-        return self.value
+        return self.value or ()
+
+    @property
+    def publishes_tables(self) -> tuple[str, ...]:
+        return () if self.changelog_of is None else (self.changelog_of,)
 
     def create(self, cur, pipeline_name: str) -> None:
-        """Nothing in Postgres: the topic is the operator's to create (with its partitions and retention)."""
+        """A changelog: capture its table's changed keys (after the table sinks created it). Nothing else:
+        the topic is the operator's to create (with its partitions, retention or compaction)."""
+        if self.changelog_of is not None:
+            changelog.install(cur, pipeline_name, self.changelog_of)
 
     def compute(self, records, stage: StageContext) -> SinkOutput:
-        """One Spark pass: per record its key and JSON value (null for tombstones and invalid records,
-        which are counted, never published), then to the driver in the input's order."""
+        """Rows: one Spark pass, per record its key and JSON value (null for tombstones and invalid
+        records, which are counted, never published), then to the driver in the input's order. A
+        changelog computes nothing: its messages come from the table, in the commit."""
+        if self.changelog_of is not None:
+            return SinkOutput(None, None)
         from pyspark.sql import functions as F
 
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
-        key = F.expr(self.key).cast("string") if self.key else F.lit(None).cast("string")
-        value = F.to_json(F.struct(*[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.value]))
         table = records.select(
             "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
-            F.when(valid, key).alias("_key"), F.when(valid, value).alias("_value"),
+            F.when(valid, self._key()).alias("_key"), F.when(valid, self._value()).alias("_value"),
             F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
         ).toArrow()
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
@@ -67,14 +141,22 @@ class KafkaSink(Sink):
         """Nothing in Postgres: the messages go out in `publish`, last in the commit."""
         return 0
 
-    def publish(self, result: pa.Table, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
-        publisher = Publisher(kafka_config, batch.pipeline, self.topic)
+    def publish(self, cur, result: pa.Table | None, batch, attempt: int, kafka_config: dict,
+                pending: dict[int, str]) -> int:
+        """A changelog's outbox is emptied only by a publish: an attempt that completes a batch an earlier
+        attempt published leaves it, and the next batch sends those keys' rows again (the same rows, which
+        a compacted topic absorbs), rather than losing a change committed since (an operator's edit)."""
+        publisher = Publisher(kafka_config, batch.pipeline, self.topic,
+                              transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
+                              message_max_bytes=self.max_message_bytes + HEADER_BYTES)
         try:
             publisher.fence()
             found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
             if decide(batch.id, found, pending) is Decision.COMPLETE:
                 return 0
-            return publisher.publish(_messages(result, batch), batch.ranges, Published(batch.id, attempt, batch.kind))
+            messages = (_changes(changelog.take(cur, self.changelog_of), batch) if self.changelog_of is not None
+                        else _messages(result, batch))
+            return publisher.publish(messages, batch.ranges, Published(batch.id, attempt, batch.kind))
         finally:
             publisher.close()
 
@@ -98,10 +180,21 @@ def _counts(table: pa.Table) -> dict[int, RangeCounts]:
             for row in totals.to_pylist()}
 
 
+def _batch_headers(batch) -> list[tuple[str, str]]:
+    return [("kafka_batch.pipeline", batch.pipeline), ("kafka_batch.batch", str(batch.id)),
+            ("kafka_batch.kind", batch.kind)]
+
+
+def _changes(changes: list[tuple[str, str | None]], batch) -> Iterator[Message]:
+    """A changelog's messages: per changed key its row (None: a tombstone), headed by the batch."""
+    headers = _batch_headers(batch)
+    for key, value in changes:
+        yield Message(key, value, headers)
+
+
 def _messages(table: pa.Table, batch) -> Iterator[Message]:
     """The messages with their headers: pipeline, batch, kind, the source record and its range."""
-    fixed = [("kafka_batch.pipeline", batch.pipeline), ("kafka_batch.batch", str(batch.id)),
-             ("kafka_batch.kind", batch.kind)]
+    fixed = _batch_headers(batch)
     ranges = {r.range_id: ("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")
               for r in batch.ranges}
     columns = [table[name].to_pylist() for name in ("range_id", "_source", "_key", "_value")]

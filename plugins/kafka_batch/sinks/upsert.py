@@ -64,6 +64,7 @@ class UpsertSink(TableSink):
     """Each key's latest record (deletes applied): `sinks: {upsert: {table, key, columns, version, delete_when}}`."""
 
     kind = "upsert"
+    keyed = True
     key: base.columns(ColumnSpec)
     """The key: its columns make the table's primary key (a record where one is null is invalid)."""
     columns: base.columns(ColumnSpec) = Field(default_factory=tuple)

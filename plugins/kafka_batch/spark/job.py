@@ -264,7 +264,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder)
     read, schemas = _observe_schema_ids(read, pipeline)
     records = parse_records(read, pipeline)
-    if len(pipeline.sinks) > 1:
+    if sum(sink.reads_records for sink in pipeline.sinks) > 1:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
     spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
@@ -276,7 +276,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             timings.mark("read_start", tasks=read_tasks, ranges=len(pieces))
             outputs = {sink.kind: sink.compute(records, stage) for sink in pipeline.sinks}
             timings.mark("computed")
-            counts = next(iter(outputs.values())).counts
+            counts = next(o.counts for o in outputs.values() if o.counts is not None)
             quarantined = _quarantine(spark, kafka, decoder, tasks, pipeline, batch, counts)
             schema_ids = _schema_ids(schemas, counts, lambda: read_ranges(spark, kafka, tasks, pipeline.read,
                                                                           _columns(pipeline), None, decoder))

@@ -4,8 +4,8 @@ Every sink computes from this one DataFrame. Tombstones (null values) stay, flag
 sinks can count them; `_deleted` flags the records that say their key is gone (a tombstone, or an
 envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record
 the pipeline cannot process (a value over `max_value_bytes`, not a JSON object with the declared
-fields, an Avro or Protobuf value its reader could not decode, not an event of its envelope, or a null
-where a sink needs a key) gets its reason in `_invalid`; sinks skip it and count it, and the job
+fields, an Avro or Protobuf value its reader could not decode, not an event of its envelope, a null
+where a sink needs a key, or what a sink cannot take, as a Kafka message over its limit) gets its reason in `_invalid`; sinks skip it and count it, and the job
 quarantines it. Under `on_invalid_record: fail` such a record stops the batch instead, with
 raise_error naming its topic, partition and offset.
 Avro and Protobuf values are decoded by the reader (`formats`): their fields are the top-level fields
@@ -60,7 +60,12 @@ def _reason(pipeline: Pipeline) -> Column:
         reason = reason.when(lacking, F.format_string(
             "not a JSON object with the fields %s (missing, null or mistyped: %s)",
             F.lit(", ".join(f"{n}: {t}" for n, t in pipeline.fields.items())), _names_where(missing)))
-    return reason.when(_any(null_keys), F.format_string("null key(s) %s", _names_where(null_keys))) if null_keys else reason
+    if null_keys:
+        reason = reason.when(_any(null_keys), F.format_string("null key(s) %s", _names_where(null_keys)))
+    for sink in pipeline.sinks:  # e.g. a Kafka message over its size limit
+        for condition, why in sink.invalid_when():
+            reason = reason.when(condition, why)
+    return reason
 
 
 def _any(conditions: dict[str, Column]) -> Column:

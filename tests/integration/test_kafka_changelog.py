@@ -1,0 +1,173 @@
+"""The Kafka sink's changelog shape: a table's changed keys published so that a compacted topic equals the
+table, through batches, a Postgres commit that fails after the Kafka publish, a replay with a changed
+definition, rewinds and deletes.
+
+Ground truth is independent of the project's code: the input topic read by a plain consumer and totalled
+(or compacted) here, and the output topic read by a plain read_committed consumer and compacted here (the
+last message per key; a tombstone removes the key), which is what Kafka's compaction converges to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import pytest
+
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    _committed_messages,
+    _partitions,
+    create_topic,
+    ground_truth,
+    kafka_config,
+    merged,
+    new_pipeline,
+    positions,
+    query,
+    run_cli,
+    table_contents,
+    update_pipeline,
+)
+from tests.integration.test_kafka_sink import FAULT, _execute
+from tests.integration.test_upsert import compacted, customer, produce, table, upsert_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def _compacted_output(topic: str) -> tuple[dict[str, dict], list]:
+    """key text -> its last value as JSON (tombstones remove the key), and every message's (key, value)."""
+    latest, messages = {}, []
+    for message in _committed_messages(topic, _partitions(topic)):
+        key, value = message.key().decode(), message.value()
+        messages.append((key, value))
+        if value is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = json.loads(value)
+    return latest, messages
+
+
+def _totals(topic: str) -> dict:
+    """(page, minute) -> (views, total duration) as the compacted output topic holds them."""
+    latest, _ = _compacted_output(topic)
+    found = {}
+    for key, row in latest.items():
+        page, minute = json.loads(key)["page"], datetime.fromisoformat(json.loads(key)["minute"])
+        assert (row["page"], datetime.fromisoformat(row["minute"])) == (page, minute)  # the value is the key's row
+        found[(page, minute)] = (row["views"], row["total_duration_ms"])
+    return found
+
+
+def _run_until_caught_up(name: str, topic: str) -> None:
+    for _ in range(6):
+        run_cli("run", "--pipeline", name)
+        if positions(name) == {(topic, p): o for p, o in _ends(topic).items()}:
+            return
+    raise AssertionError(f"{name} did not catch up: {positions(name)}")
+
+
+def _ends(topic: str) -> dict[int, int]:
+    ends = {p: 0 for p in _partitions(topic)}
+    for message in _committed_messages(topic, list(ends)):
+        ends[message.partition()] = message.offset() + 1
+    return ends
+
+
+def test_a_compacted_topic_equals_the_aggregate_table_through_replays_rewinds_and_faults(services):
+    pipeline = new_pipeline("changelog", limits={"max_records_per_batch": 150})
+    name, topic, minutes = pipeline.name, pipeline.topics[0], f"{pipeline.name}_minutes"
+    hour = 3_600_000
+    start = (int(time.time() * 1000) // hour - 3) * hour  # recent: retention keeps it
+    sample_data.produce_page_views(kafka_config(), topic, 300, seed=91, start_ms=start, spacing_ms=1000)
+    _run_until_caught_up(name, topic)  # batches before the topic is published: the first publish sends them too
+
+    output = f"{name}_out"
+    create_topic(output, 2)
+    aggregate = pipeline.definition["sinks"]["aggregate"]
+    update_pipeline(name, sinks={"aggregate": aggregate, "kafka": {"topic": output, "changelog_of": minutes}})
+    sample_data.produce_page_views(kafka_config(), topic, 40, seed=93, start_ms=start + hour)  # other keys
+    _run_until_caught_up(name, topic)
+    truth = ground_truth(topic)
+    assert _totals(output) == table_contents(pipeline) == truth
+    _, messages = _compacted_output(output)
+    assert len(messages) == len({key for key, _ in messages}) == len(truth)  # one message per changed key so far
+
+    # A batch published to Kafka whose Postgres commit fails: a reset must not supersede it (a new batch
+    # would publish its records again); the next run completes it, and the topic still equals the table.
+    sample_data.produce_page_views(kafka_config(), topic, 60, seed=92, start_ms=start + 2 * hour)
+    _execute(FAULT.format(name=name))
+    try:
+        _execute(f"INSERT INTO public.{name}_fail_commit VALUES (%s)", name)
+        failed = run_cli("run", "--pipeline", name, check=False)
+        assert failed.returncode != 0 and "injected" in failed.stderr, failed.stderr
+        _execute(f"DELETE FROM public.{name}_fail_commit")
+    finally:
+        _execute(f"DROP TRIGGER IF EXISTS {name}_fail_commit ON kafka_batch.batches")
+    refused = run_cli("reset", "--pipeline", name, "--topic", topic, "--partitions", "1", "--to-offset", "0",
+                      "--reason", "test", "--execute", check=False)
+    assert refused.returncode != 0 and "is published to topic" in refused.stderr, refused.stderr
+    assert "not yet committed in Postgres" in refused.stderr
+    _run_until_caught_up(name, topic)
+    truth = ground_truth(topic)
+    assert _totals(output) == table_contents(pipeline) == truth
+
+    # A replay of partition 0 with a changed measure publishes the corrected totals of the keys it changed.
+    doubled = {**aggregate, "measures": {**aggregate["measures"],
+                                         "total_duration_ms": {"expr": "duration_ms * 2", "type": "bigint"}}}
+    update_pipeline(name, sinks={"aggregate": doubled, "kafka": {"topic": output, "changelog_of": minutes}})
+    run_cli("replay", "--pipeline", name, "--topic", topic, "--partitions", "0", "--from", "0",
+            "--until", str(positions(name)[(topic, 0)]), "--reason", "doubled durations")
+    truth = merged(ground_truth(topic, select=lambda p, _: p == 0, duration_factor=2),
+                   ground_truth(topic, select=lambda p, _: p != 0))
+    assert _totals(output) == table_contents(pipeline) == truth
+
+    # A rewind of partition 1 to its start: the keys it changed wait in the outbox for the next batch,
+    # which reads the partition again (with the doubled measure) and publishes them.
+    run_cli("reset", "--pipeline", name, "--topic", topic, "--partitions", "1", "--to-offset", "0",
+            "--reason", "test", "--execute")
+    assert query(f"SELECT count(*) > 0 FROM kafka_batch.{minutes}__changed") == [(True,)]
+    _run_until_caught_up(name, topic)
+    truth = merged(ground_truth(topic, select=lambda p, _: p in (0, 1), duration_factor=2),
+                   ground_truth(topic, select=lambda p, _: p == 2))
+    assert _totals(output) == table_contents(pipeline) == truth
+    assert query(f"SELECT count(*) FROM kafka_batch.{minutes}__changed") == [(0,)]
+
+    # Without the changelog the capture goes: no triggers, no outbox.
+    update_pipeline(name, sinks={"aggregate": doubled})
+    run_cli("run", "--pipeline", name)
+    assert query("SELECT to_regclass(%s) IS NULL, count(*) FROM pg_trigger WHERE tgrelid = to_regclass(%s)",
+                 f"kafka_batch.{minutes}__changed", f"public.{minutes}") == [(True, 0)]
+
+
+def test_an_upsert_changelog_publishes_each_keys_latest_row_and_tombstones_for_deletes(services):
+    pipeline = upsert_pipeline("changelogu", partitions=2, limits={"max_records_per_batch": 25})
+    name, topic = pipeline.name, pipeline.topics[0]
+    output = f"{name}_out"
+    create_topic(output, 3)
+    update_pipeline(name, sinks={**pipeline.definition["sinks"], "kafka": {"topic": output, "changelog_of": name}})
+    keys = [f"k{n}" for n in range(12)]
+    produce(topic, [(n % 2, k, customer(k, f"{k}-v{v}", 10 * n + v)) for v in range(3) for n, k in enumerate(keys)])
+    produce(topic, [(1, "k1", None), (0, "k2", None), (1, "k3", customer("k3", "k3-back", 99)), (1, "k5", None),
+                    (0, "k4", b"not json")])
+    for _ in range(4):
+        run_cli("run", "--pipeline", name)
+
+    def published() -> dict:
+        latest, _ = _compacted_output(output)
+        return {json.loads(k)["customer_id"]: ((v["name"], v["balance"]), (v["kafka_partition"], v["kafka_offset"]))
+                for k, v in latest.items()}
+
+    truth = compacted(topic)
+    assert published() == table(pipeline) == truth
+    assert {"k1", "k2", "k5"}.isdisjoint(truth) and truth["k3"][0] == ("k3-back", 99)
+    _, messages = _compacted_output(output)
+    tombstones = {json.loads(k)["customer_id"] for k, v in messages if v is None}
+    assert tombstones == {"k1", "k2", "k5"}  # the deleted keys had rows published in earlier batches
+
+    # A rewind of partition 1 and the rerun: the topic follows the table back to the same state.
+    run_cli("reset", "--pipeline", name, "--topic", topic, "--partitions", "1", "--to-offset", "10", "--reason", "test",
+            "--execute")
+    _run_until_caught_up(name, topic)
+    assert published() == table(pipeline) == compacted(topic)
