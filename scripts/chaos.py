@@ -3,13 +3,17 @@
 Every iteration produces traceable records (unique ids, integer amounts; transactions of two
 transactional ids, each aborting a third of its own and committing the rest, as exactly-once producers
 do; one transaction left open across the plan; a few invalid records), runs a batch through
-`kafka-batch run` while a scenario strikes (SIGKILL of the job's process group in a chosen phase, a
+`kafka-batch run` while a scenario strikes (SIGKILL of the job's process group in a chosen phase, among
+them after the Kafka sink's transaction committed and before the Postgres one did, a
 zombie left running while the run is retried, Postgres sessions terminated, two runs racing, a replay
 racing a batch, Postgres or the broker restarted), lets the pipeline recover without faults, and then
 checks, with a plain read_committed consumer that shares no code with the pipeline's reader:
 
   1. the aggregate, rows and upsert outputs equal what the committed records below the positions give
-     (the upsert's: per key, the latest valid record by (partition, offset), deletes applied);
+     (the upsert's: per key, the latest valid record by (partition, offset), deletes applied), and so
+     does the Kafka sink's output topic, read read_committed: for JSON scenarios (shape rows) one
+     message per valid record below the positions, each exactly once (a replay's marked as such); for
+     Avro ones (the aggregate's changelog) the last message per page equals the expected totals;
   2. per partition, the live ledger ranges form one contiguous chain from the start to the position;
   3. no aborted record is counted, every invalid record is quarantined and none is counted;
   4. positions never move back (no reset is made here);
@@ -209,6 +213,55 @@ def upsert_key(record_id: str) -> str:
     return record_id[:2]
 
 
+def published_messages(topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, str]]]:
+    """(key, value, headers) of every committed message of the Kafka sink's output topic, in each
+    partition's order, read_committed from its start."""
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": f"chaos-check-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    found, done = [], set()
+    try:
+        while len(done) < len(partitions):
+            for m in consumer.consume(10_000, timeout=5):
+                if m.error():
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(m.error())
+                    done.add(m.partition())
+                    continue
+                done.discard(m.partition())
+                found.append((m.key(), m.value(), {k: v.decode() for k, v in m.headers() or []}))
+    finally:
+        consumer.close()
+    return found
+
+
+def check_published(topic: str, output: str, shape: str, valid: dict, expected: dict) -> list[str]:
+    """The Kafka sink's topic against the same ground truth: rows, each valid record exactly once (by its
+    `kafka_batch.source` header); a changelog, per page the last message's totals."""
+    messages = published_messages(output)
+    if shape == "rows":
+        sources = Counter(headers["kafka_batch.source"] for _, _, headers in messages
+                          if headers.get("kafka_batch.kind") == "batch")
+        wanted = Counter({f"{topic}:{p}:{o}": 1 for p, o in valid})
+        if sources != wanted:
+            repeated = [s for s, n in sources.items() if n > 1]
+            return [f"Kafka sink: {len(repeated)} record(s) published more than once (e.g. {repeated[:3]}),"
+                    f" {len(wanted - sources)} valid record(s) not published, {len(sources - wanted - Counter(repeated))}"
+                    " published that were not expected"]
+        return []
+    latest: dict = {}
+    for key, value, _ in messages:
+        page = json.loads(key)["page"]
+        if value is None:
+            latest.pop(page, None)
+        else:
+            row = json.loads(value)
+            latest[page] = [row["n"], row["amount"]]
+    return [] if latest == expected else [f"Kafka sink: the compacted changelog {latest} differs from {expected}"]
+
+
 def committed_records(topic: str, ends: dict[int, int]) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of every committed record still in the topic below `ends`
     (partition -> offset), read_committed from the log start."""
@@ -287,6 +340,7 @@ def check(pipeline: str, topic: str, tables: dict[str, str], memory: Memory, cod
     got = {page: [n, amount] for page, n, amount in sql(f"SELECT page, n, amount FROM {tables['aggregate']}")}
     if got != dict(expected):
         violations.append(f"aggregate differs: expected {dict(expected)}, found {got}")
+    violations += check_published(topic, tables["kafka"], tables["kafka_shape"], valid, dict(expected))
     rows = {(p, o): (i, a) for p, o, i, a in sql(
         f"SELECT kafka_partition, kafka_offset, id, amount FROM {tables['rows']}")}
     if rows != {k: (v[0], v[2]) for k, v in valid.items()}:
@@ -355,6 +409,13 @@ class LockGate:
             "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
             " AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP)}
 
+    def terminate_waiting(self) -> None:
+        """End the sessions waiting at the gate (their transactions abort), and wait until they are gone."""
+        sql("SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND l.relation = %s::regclass AND a.application_name = %s", self.table, APP)
+        if not until(lambda: not self.waiting(), timeout=30):
+            raise RuntimeError(f"sessions still wait at {self.table} after being terminated")
+
     def open(self) -> None:
         self.conn.rollback()
         self.conn.close()
@@ -378,6 +439,31 @@ def in_commit(pipeline: str) -> bool:
     """A session of the pipeline holds an open transaction that writes positions or outputs."""
     return bool(sql("SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND xact_start IS NOT NULL"
                     " AND (query ILIKE '%%kafka_batch.offsets%%' OR query ILIKE 'INSERT INTO %%')", APP))
+
+
+# A deferred trigger that makes the pipeline's Postgres COMMIT wait at a LockGate: at COMMIT, so after
+# everything the commit transaction does, the Kafka sink's publish (its Kafka transaction) included.
+_PUBLISHED_GATE = """
+CREATE TABLE IF NOT EXISTS public.{gate} (at timestamptz DEFAULT now());
+CREATE OR REPLACE FUNCTION public.{gate}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+  IF NEW.pipeline = '{pipeline}' AND NEW.status = 'committed' THEN
+    INSERT INTO public.{gate} DEFAULT VALUES;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER {gate} AFTER UPDATE ON kafka_batch.batches DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION public.{gate}();
+"""
+
+
+def published_gate(pipeline: str) -> LockGate:
+    gate = f"{pipeline}_gate"
+    conn = psycopg2.connect(**pg_params())
+    with conn, conn.cursor() as cur:
+        cur.execute(_PUBLISHED_GATE.format(gate=gate, pipeline=pipeline))
+    conn.close()
+    return LockGate(f"public.{gate}")
 
 
 def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240,
@@ -498,7 +584,21 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
              tables: dict[str, str], memory: Memory, definition: Path) -> Counter:
     """Strike once; returns what landed, by phase."""
     landed: Counter = Counter()
-    if name.startswith("kill-"):
+    if name == "kill-published":  # the Kafka sink's transaction committed, the Postgres one not yet
+        gate = published_gate(pipeline)
+        try:
+            proc = start_run(pipeline, run_id, env)
+            if wait_for("commit", pipeline, run_id, proc, gate=gate):
+                kill_group(proc)
+                # Its COMMIT is in Postgres already, waiting at the gate: it would go on once the gate opens
+                # (a backend does not notice its client is gone). Ending the session aborts it.
+                gate.terminate_waiting()
+                landed["published"] += 1
+        finally:
+            gate.open()
+            sql(f"DROP TRIGGER {gate.table.split('.')[1]} ON kafka_batch.batches")
+        proc.wait()
+    elif name.startswith("kill-"):
         phase = name.removeprefix("kill-")
         gate = LockGate(tables["aggregate"]) if phase == "commit" else None
         try:
@@ -625,8 +725,8 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
     return float("inf")
 
 
-SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-after-commit", "zombie", "terminate-random",
-             "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart", "task-retry",
+SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-published", "kill-after-commit", "zombie",
+             "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart", "task-retry",
              "retention-skip", "retention-fail", "kill-reading:avro"]
 
 
@@ -768,15 +868,19 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
 
 def create_pipeline(pipeline: str, encoding: str, partitions: int, pipelines_dir: Path,
                     on_data_loss: str | None = None) -> tuple[str, dict[str, str], Path]:
-    """A pipeline with every sink (aggregate, rows, upsert) on a new topic of JSON or Avro values, its
-    tables created before the first fault: (topic, tables, definition file)."""
+    """A pipeline with every sink (aggregate, rows, upsert, and kafka: rows for JSON values, the
+    aggregate's changelog for Avro) on a new topic of JSON or Avro values, its tables created before the
+    first fault: (topic, tables and the output topic, definition file)."""
     from kafka_batch.config import load_pipeline
     from kafka_batch.core import registry
 
     topic, tables = f"{pipeline}_topic", {"aggregate": f"{pipeline}_pages", "rows": f"{pipeline}_records",
-                                          "upsert": f"{pipeline}_latest"}
+                                          "upsert": f"{pipeline}_latest", "kafka": f"{pipeline}_out",
+                                          "kafka_shape": "changelog" if encoding == "avro" else "rows"}
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+    for name, config in ((topic, {}), (tables["kafka"], {"cleanup.policy": "compact"}
+                                       if tables["kafka_shape"] == "changelog" else {})):
+        admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result()
     definition = {
         "name": pipeline, "topics": [topic], "schedule": None,
         "record": ({"format": "avro", "schema": AVRO_SCHEMA} if encoding == "avro" else
@@ -790,7 +894,10 @@ def create_pipeline(pipeline: str, encoding: str, partitions: int, pipelines_dir
                                                                                         "type": "bigint"}}},
                   "upsert": {"table": tables["upsert"], "key": {"bucket": "substr(id, 1, 2)"},
                              "columns": {"id": "id", "amount": {"expr": "amount", "type": "bigint"}},
-                             "delete_when": f"amount <= {UPSERT_DELETE_AT_MOST}"}},
+                             "delete_when": f"amount <= {UPSERT_DELETE_AT_MOST}"},
+                  "kafka": ({"topic": tables["kafka"], "changelog_of": tables["aggregate"]}
+                            if tables["kafka_shape"] == "changelog" else
+                            {"topic": tables["kafka"], "key": "id", "value": {"id": "id", "amount": "amount"}})},
     }
     path = pipelines_dir / f"{pipeline}.yaml"
     path.write_text(yaml.safe_dump(definition, sort_keys=False))
@@ -861,8 +968,9 @@ def main(argv: list[str] | None = None) -> int:
                       f" load {os.getloadavg()[0]:.1f})", flush=True)
         finally:
             path.unlink(missing_ok=True)
-            if not outcome.violations:  # a topic with a violation stays, to be looked into
-                admin.delete_topics([topic], operation_timeout=60)[topic].result()
+            if not outcome.violations:  # topics with a violation stay, to be looked into
+                for done in (topic, tables["kafka"]):
+                    admin.delete_topics([done], operation_timeout=60)[done].result()
     if args.soak:
         results.update(soak(args.soak, args.fault_every, args.partitions, rng, recovery_env, pipelines_dir))
     shutil.rmtree(pipelines_dir, ignore_errors=True)
