@@ -47,6 +47,11 @@ def _kafka_config(pipeline) -> dict:
     return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
 
 
+def _publish_config(pipeline) -> dict:
+    """The Kafka connection the pipeline's Kafka sink publishes on (`connections.kafka_output`, or `kafka`)."""
+    return connections.kafka_config(connections.from_environment(pipeline.connections.publish))
+
+
 def _services(pipeline):
     kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)
     return _postgres(pipeline.connections.postgres), kafka
@@ -64,10 +69,13 @@ def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = 
     except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
         spark = None
     registry = None
-    if pipeline.record.uses_registry:
+    if pipeline.uses_registry:
         registry = connections.from_environment(pipeline.connections.schema_registry)
+    output = None
+    if pipeline.publishing_sinks and pipeline.connections.kafka_output:
+        output = connections.from_environment(pipeline.connections.kafka_output)
     with _spark_output(pipeline.name, batch_id, verbose) as logger, \
-            batch_execution(pipeline, batch_id, postgres, kafka, spark, registry=registry, mode=mode,
+            batch_execution(pipeline, batch_id, postgres, kafka, spark, registry=registry, output=output, mode=mode,
                             log=logger) as execution:
         timings.mark("submit_start")
         execution.run()
@@ -284,7 +292,7 @@ def cmd_reset(args) -> int:
     try:
         moves = resets.reset_positions(
             conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute,
-            kafka_config=_kafka_config(pipeline),
+            kafka_config=_publish_config(pipeline) if pipeline.publishing_sinks else None,
         )
         if args.execute:
             metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))
@@ -325,7 +333,7 @@ def cmd_status(args) -> int:
     if pipeline.publishing_sinks:
         from kafka_batch.kafka_publish import sink_states
 
-        sinks = sink_states(_kafka_config(pipeline), pipeline, [(r.topic, r.partition) for r in rows])
+        sinks = sink_states(_publish_config(pipeline), pipeline, [(r.topic, r.partition) for r in rows])
     lag = sum(r.lag for r in rows)
     breaches = []
     if args.check:
@@ -366,7 +374,7 @@ def cmd_fence(args) -> int:
     from kafka_batch.kafka_publish import Publisher
 
     for sink in sinks:
-        publisher = Publisher(_kafka_config(pipeline), pipeline.name, sink.topic)
+        publisher = Publisher(_publish_config(pipeline), pipeline.name, sink.topic)
         try:
             publisher.fence()
         finally:

@@ -165,6 +165,9 @@ class Connections(Model):
 
     kafka: str = "kafka_default"
     """Kafka: librdkafka settings in the connection's extra."""
+    kafka_output: str | None = None
+    """The Kafka cluster the pipeline's Kafka sink publishes to, when it is not `kafka`'s (its producer, the
+    sink's transactional id and publish group live there)."""
     postgres: str = "kafka_batch_postgres"
     """Postgres: positions, the ledger and the sink tables."""
     spark: str = "spark_default"
@@ -172,6 +175,11 @@ class Connections(Model):
     schema_registry: str = "schema_registry_default"
     """A Schema Registry (records in the Confluent wire format): its URL as the host (or `url` in the extra),
     basic auth as login and password, a bearer token or TLS files as the client's settings in the extra."""
+
+    @property
+    def publish(self) -> str:
+        """The connection the Kafka sink publishes on."""
+        return self.kafka_output or self.kafka
 
 
 def _plain_field_name(name: str) -> str:
@@ -464,6 +472,9 @@ class Pipeline(Model):
         if len(set(used)) != len(used):
             raise ValueError(f"two sinks write the same table ({sorted(used)})")
         problems = [problem for sink in self.sinks if (problem := sink.problem_with(self)) is not None]
+        if self.connections.kafka_output and not self.publishing_sinks:
+            problems.append("connections.kafka_output names the cluster a Kafka sink publishes to, and the pipeline"
+                            " has no Kafka sink")
         if problems:
             raise ValueError("; ".join(problems))
         unknown_topics = {t for t, _ in self.start.offsets} - set(self.topics)
@@ -512,6 +523,11 @@ class Pipeline(Model):
     @property
     def sinks(self) -> tuple[Sink, ...]:
         return tuple(s for kind in sorted(SINKS) if (s := getattr(self.sink_settings, kind)) is not None)
+
+    @property
+    def uses_registry(self) -> bool:
+        """Its records are read, or a sink's values written, through the Schema Registry."""
+        return self.record.uses_registry or any(sink.uses_registry for sink in self.sinks)
 
     @property
     def publishing_sinks(self) -> tuple[Sink, ...]:

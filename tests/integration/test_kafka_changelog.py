@@ -171,3 +171,33 @@ def test_an_upsert_changelog_publishes_each_keys_latest_row_and_tombstones_for_d
             "--execute")
     _run_until_caught_up(name, topic)
     assert published() == table(pipeline) == compacted(topic)
+
+
+def test_an_avro_changelog_read_back_by_confluents_deserializer_equals_the_table(services):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.integration.test_avro import registry_url
+
+    pipeline = new_pipeline("changeloga")
+    name, topic, minutes = pipeline.name, pipeline.topics[0], f"{pipeline.name}_minutes"
+    output = f"{name}_out"
+    create_topic(output, 2)
+    update_pipeline(name, sinks={"aggregate": pipeline.definition["sinks"]["aggregate"], "kafka": {
+        "topic": output, "changelog_of": minutes, "value_format": "avro"}})
+    sample_data.produce_page_views(kafka_config(), topic, 120, seed=94)
+    run_cli("run", "--pipeline", name)
+    run_cli("reset", "--pipeline", name, "--topic", topic, "--partitions", "2", "--to-offset", "0", "--reason", "test",
+            "--execute")
+    sample_data.produce_page_views(kafka_config(), topic, 30, seed=95)
+    _run_until_caught_up(name, topic)
+
+    deserialize = AvroDeserializer(SchemaRegistryClient({"url": registry_url()}))
+    latest = {}
+    for message in _committed_messages(output, _partitions(output)):
+        key = json.loads(message.key())
+        value = deserialize(message.value(), SerializationContext(output, MessageField.VALUE))
+        latest[(key["page"], datetime.fromisoformat(key["minute"]))] = (
+            None if value is None else (value["views"], value["total_duration_ms"]))
+    assert {k: v for k, v in latest.items() if v is not None} == table_contents(pipeline) == ground_truth(topic)

@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_batch_dev import sample_data
+from kafka_batch_dev import local_stack, sample_data
 from tests.integration.helpers import (
     _committed_messages,
+    admin_client,
     batches_of,
     create_topic,
     ground_truth,
@@ -185,3 +189,88 @@ def test_a_message_over_the_size_limit_is_quarantined_and_a_missing_topic_change
     assert failed.returncode != 0 and f"topic '{output}_missing' does not exist" in failed.stderr, failed.stderr
     assert positions(pipeline.name) == before
     assert query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}") == [(31,)]
+
+
+@pytest.fixture
+def second_cluster(services, tmp_path):
+    """Another broker (noida-db behind its front, as `make up` starts one), for a sink's own connection."""
+    state: dict = {}
+    local_stack.start_kafka(tmp_path, state)
+    try:
+        yield f"127.0.0.1:{state['kafka_port']}"
+    finally:
+        local_stack.stop_kafka(state)
+
+
+def test_a_sink_publishes_to_another_cluster_through_its_own_connection(second_cluster):
+    output = f"kafkaother_{uuid.uuid4().hex[:8]}_out"
+    admin = AdminClient({"bootstrap.servers": second_cluster})
+    admin.create_topics([NewTopic(output, 1, 1)])[output].result()
+    pipeline = new_pipeline("kafkaother", partitions=1, connections={"kafka_output": "kafka_elsewhere"},
+                            sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 40, seed=86)
+
+    # The output connection is resolved before anything is read: undefined, the run stops at once.
+    missing = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert missing.returncode != 0 and "connection 'kafka_elsewhere' is not defined" in missing.stderr, missing.stderr
+    assert positions(pipeline.name) in ({}, {(pipeline.topics[0], 0): 0})
+
+    elsewhere = {"AIRFLOW_CONN_KAFKA_ELSEWHERE": json.dumps({"conn_type": "kafka",
+                                                             "extra": {"bootstrap.servers": second_cluster}})}
+    run_cli("run", "--pipeline", pipeline.name, env=elsewhere)
+    assert positions(pipeline.name) == {(pipeline.topics[0], 0): 40}
+    # On the second cluster, read by a plain read_committed consumer; the pipeline's cluster has no such topic.
+    consumer = Consumer({"bootstrap.servers": second_cluster, "group.id": f"truth-{uuid.uuid4().hex}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    consumer.assign([TopicPartition(output, 0, OFFSET_BEGINNING)])
+    found = []
+    while not found or not found[-1].error():
+        found += consumer.consume(100, timeout=10) or [None]
+        assert found[-1] is not None, "no end of partition from the second cluster"
+    consumer.close()
+    sources = sorted(int(dict(m.headers())["kafka_batch.source"].decode().split(":")[2]) for m in found[:-1])
+    assert sources == list(range(40))
+    assert output not in admin_client().list_topics(timeout=30).topics
+    state = json.loads(run_cli("status", "--pipeline", pipeline.name, "--json", env=elsewhere).stdout)["kafka_sinks"]
+    assert state[0]["last_published"]["batch_id"] == query(
+        "SELECT max(id) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name)[0][0]
+
+
+def test_avro_values_through_the_registry_read_back_by_confluents_deserializer(services):
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.integration.test_avro import registry_url
+
+    output = f"kafkaavro_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 2)
+    pipeline = new_pipeline("kafkaavro", partitions=2, sinks={"kafka": {
+        "topic": output, "key": "user_id", "value_format": "avro",
+        "value": {"page": "page", "ms": {"expr": "duration_ms", "type": "bigint"},
+                  "at": {"expr": "timestamp", "type": "timestamptz"}, "day": {"expr": "to_date(timestamp)", "type": "date"},
+                  "half": {"expr": "duration_ms / 2", "type": "double precision"}, "long_view": {
+                      "expr": "duration_ms > 30000", "type": "boolean"}, "missing": "CAST(NULL AS STRING)"}}})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 60, seed=87)
+    run_cli("run", "--pipeline", pipeline.name)
+
+    # Ground truth: the input topic read by a plain consumer and json; the output by Confluent's deserializer.
+    expected = {}
+    for message in _committed_messages(topic, [0, 1]):
+        record, at = json.loads(message.value()), datetime.fromtimestamp(message.timestamp()[1] / 1000, UTC)
+        expected[f"{topic}:{message.partition()}:{message.offset()}"] = (record["user_id"], {
+            "page": record["page"], "ms": record["duration_ms"], "at": at, "day": at.date(),
+            "half": record["duration_ms"] / 2, "long_view": record["duration_ms"] > 30000, "missing": None})
+    client = SchemaRegistryClient({"url": registry_url()})
+    deserialize = AvroDeserializer(client)
+    found = {}
+    for message in _committed_messages(output, [0, 1]):
+        headers = {k: v.decode() for k, v in message.headers()}
+        value = deserialize(message.value(), SerializationContext(output, MessageField.VALUE))
+        found[headers["kafka_batch.source"]] = (message.key().decode(), value)
+    assert found == expected
+    registered = client.get_latest_version(f"{output}-value").schema.schema_str
+    fields = json.loads(registered)["fields"]  # in the definition's order, each a union with null
+    assert [f["name"] for f in fields] == [c.name for c in pipeline.sink_settings.kafka.value]
+    assert all(f["type"][0] == "null" and f["default"] is None for f in fields)

@@ -50,7 +50,7 @@ def test_shipped_pipelines_load():
         ({"record": {"fields": {"offset": "long"}}}, "clashes with the record column"),
         ({"colour": "blue"}, "unknown key(s) ['colour']; known: ['alerts', 'connections', 'description',"),
         ({"connections": {"redis": "x"}},
-         "connections: unknown key(s) ['redis']; known: ['kafka', 'postgres', 'schema_registry', 'spark']"),
+         "connections: unknown key(s) ['redis']; known: ['kafka', 'kafka_output', 'postgres', 'schema_registry', 'spark']"),
         ({"sinks": {}}, "sinks must name one or more of ['aggregate', 'kafka', 'rows', 'upsert']"),
         ({"sinks": {"parquet": {}}}, "sinks: unknown key(s) ['parquet']; known: ['aggregate', 'kafka', 'rows', 'upsert']"),
         ({"sinks": {"rows": {"table": "t", "columns": {"kafka_offset": "offset"}}}}, "reserved for the record's key"),
@@ -148,13 +148,19 @@ def test_a_pipeline_may_have_both_sinks_but_not_one_table_twice():
          "give either value (one message per record) or changelog_of (a table's changes)"),
         ({"topic": "out"}, "give either value (one message per record) or changelog_of"),
         ({"topic": "out", "changelog_of": "page_view_minutes", "key": "page"}, "leave key out"),
+        (None, "connections.kafka_output names the cluster a Kafka sink publishes to, and the pipeline has no Kafka"
+               " sink"),
     ],
 )
 def test_a_kafka_sink_has_one_shape_and_a_changelog_names_a_keyed_table(kafka, message):
     raw = with_changes()
     raw["sinks"]["rows"] = {"table": "views", "columns": {"page": "page"}}
-    raw["sinks"]["kafka"] = kafka
+    if kafka is None:
+        raw["connections"] = {"kafka_output": "kafka_elsewhere"}
+    else:
+        raw["sinks"]["kafka"] = kafka
     with pytest.raises(InputError, match=re.escape(message)):
         parse_pipeline(raw)
     raw["sinks"]["kafka"] = {"topic": "out", "changelog_of": "page_view_minutes"}
     assert parse_pipeline(raw).sink_settings.kafka.publishes_tables == ("page_view_minutes",)
+    assert parse_pipeline(raw).connections.publish == raw.get("connections", {}).get("kafka_output", "kafka_default")

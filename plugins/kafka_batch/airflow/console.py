@@ -204,7 +204,14 @@ def _kafka_sinks(pipeline, services: _Services, result: dict, conns: list) -> li
 
     inputs = [(p["topic"], p["partition"]) for p in result["partitions"]]
     try:
-        return sink_states(services.kafka_config, pipeline, inputs, timeout=KAFKA_TIMEOUT_SECONDS)
+        config = services.kafka_config
+        if pipeline.connections.kafka_output:  # the sink publishes on a cluster of its own
+            from kafka_batch import connections
+
+            output = connections.from_airflow(pipeline.connections.kafka_output)
+            conns.append(output)
+            config = connections.kafka_config(output)
+        return sink_states(config, pipeline, inputs, timeout=KAFKA_TIMEOUT_SECONDS)
     except Exception as exc:
         log.warning("console: pipeline %s: Kafka sink: %s", pipeline.name, exc)
         result["kafka_error"] = _error(exc, conns)

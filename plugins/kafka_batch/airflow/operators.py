@@ -49,11 +49,14 @@ class BatchSparkSubmitOperator(BaseOperator):
         except AirflowNotFoundException:  # spark-submit with its defaults, as the provider's hook does
             spark = None
         registry = None
-        if self.pipeline.record.uses_registry:
+        if self.pipeline.uses_registry:
             registry = connections.from_airflow(self.pipeline.connections.schema_registry)
+        output = None
+        if self.pipeline.publishing_sinks and self.pipeline.connections.kafka_output:
+            output = connections.from_airflow(self.pipeline.connections.kafka_output)
         batch_id = int(self.batch_id)
-        with batch_execution(self.pipeline, batch_id, postgres, kafka, spark, registry=registry, mode=self.mode,
-                                    try_number=context["ti"].try_number) as execution:
+        with batch_execution(self.pipeline, batch_id, postgres, kafka, spark, registry=registry, output=output,
+                             mode=self.mode, try_number=context["ti"].try_number) as execution:
             self._execution = execution
             try:
                 execution.run()

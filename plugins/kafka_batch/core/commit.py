@@ -92,13 +92,13 @@ def commit_batch(
     conn, pipeline: Pipeline, batch_id: int, attempt: int, outputs: Mapping[str, SinkOutput],
     read_tasks: int | None = None, quarantined: pa.Table | None = None,
     schema_ids: Mapping[int, Sequence[int]] | None = None, read_seconds: float | None = None,
-    kafka_config: dict | None = None,
+    kafka_config: dict | None = None, registry_config: dict | None = None,
 ) -> CommitResult:
     """Commit one attempt of a batch (with the records it quarantined, and per range the ids of the
     schemas that wrote its records). Committed already: a no-op success. `read_seconds` (Spark's read and
     compute) and the commit's own statements' seconds are kept with the batch (its phases for metrics), and
     the rows it changed in each table (for lineage). Sinks that publish (to Kafka, on `kafka_config`) do
-    so last, inside the transaction: docs/design.md, "Publishing to Kafka"."""
+    so last, inside the transaction (Avro values through `registry_config`): docs/design.md, "Publishing to Kafka"."""
     _check_outputs(pipeline, outputs)
     started = time.monotonic()
     with transaction(conn) as cur:
@@ -125,7 +125,7 @@ def commit_batch(
                 raise StateError(f"batch {batch_id}: the pipeline publishes and no Kafka connection was given")
             pending = batches.may_commit(cur, pipeline.name)  # this batch shows as committed already
             for sink in pipeline.publishing_sinks:
-                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config, pending)
+                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config, pending, registry_config)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

@@ -89,7 +89,7 @@ def fetch(config: dict, ident: int, kind: str, parse) -> Any:
     except UnknownSchema:
         raise
     except Exception as exc:  # noqa: BLE001 - the client's transport errors (httpx) have no base of its own
-        raise _no_answer(config, exc) from None
+        raise no_answer(config, exc) from None
     try:
         parsed = parse(schema.schema_str, references)
     except Exception as exc:  # noqa: BLE001 - a registered schema this project cannot read
@@ -107,7 +107,7 @@ def registry_error(config: dict, exc: SchemaRegistryError) -> Exception:
     return ServiceError(f"{where} answered HTTP {exc.http_status_code}: {exc.error_message}")
 
 
-def _no_answer(config: dict, exc: Exception) -> ServiceError:
+def no_answer(config: dict, exc: Exception) -> ServiceError:
     return ServiceError(f"schema registry {_url(config)} did not answer: {type(exc).__name__}: {exc}")
 
 
@@ -119,4 +119,4 @@ def check(config: dict) -> None:
     except SchemaRegistryError as exc:
         raise registry_error(config, exc) from None
     except Exception as exc:  # noqa: BLE001 - transport errors
-        raise _no_answer(config, exc) from None
+        raise no_answer(config, exc) from None

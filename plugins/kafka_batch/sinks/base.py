@@ -256,6 +256,11 @@ class Sink(Model, ABC):
         return []
 
     @property
+    def uses_registry(self) -> bool:
+        """It writes through the Schema Registry (Avro values)."""
+        return False
+
+    @property
     def reads_records(self) -> bool:
         """`compute` reads the batch's records (a sink publishing another's changes reads none)."""
         return not self.publishes_tables
@@ -286,10 +291,12 @@ class Sink(Model, ABC):
         """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
         output (per key: before and after); change nothing else. Returns how many keys would change."""
 
-    def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str]) -> int:
+    def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str],
+                registry_config: dict | None = None) -> int:
         """Last in the commit transaction, for a sink that `publishes`: send the batch's output, exactly
         once across attempts (`pending`: the pipeline's other batches that may still commit, which
-        kafka_publish.decide needs); returns the messages it sent."""
+        kafka_publish.decide needs; `registry_config`: for a sink that `uses_registry`); returns the
+        messages it sent."""
         raise NotImplementedError(f"the {self.kind} sink does not publish")
 
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook

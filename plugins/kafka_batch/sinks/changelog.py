@@ -20,6 +20,8 @@ from kafka_batch.errors import InputError
 from kafka_batch.sinks.base import names, same
 
 SCHEMA = "kafka_batch"
+# information_schema's name of a column type, where it differs from the definition's (sinks.base.COLUMN_TYPES).
+_DEFINITION_TYPES = {"timestamp with time zone": "timestamptz"}
 _EVENTS = {"insert": "NEW", "update": "NEW", "delete": "OLD"}  # the transition table that holds the keys
 
 
@@ -82,19 +84,28 @@ def uninstall(cur, tables: Iterable[str]) -> None:
             cur.execute(sql.SQL("DROP FUNCTION {}(); DROP TABLE {}").format(outbox, outbox))
 
 
-def take(cur, table: str) -> list[tuple[str, str | None]]:
-    """Inside the commit transaction: every changed key's message, (key, value) as JSON text (value None
-    for a key no longer in the table: a tombstone), in key order; the outbox is emptied (by this same
-    transaction, so only if the publish commits with it). Times are rendered in UTC, so a key's bytes
-    never depend on the session's time zone (compaction needs equal keys to be equal bytes)."""
+def columns(cur, table: str) -> list[tuple[str, str]]:
+    """public.<table>'s columns as (name, column type as a definition gives it), in order."""
+    cur.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = 'public'"
+                " AND table_name = %s ORDER BY ordinal_position", (table,))
+    return [(name, _DEFINITION_TYPES.get(kind, kind)) for name, kind in cur.fetchall()]
+
+
+def take(cur, table: str) -> list[tuple[str, dict | None]]:
+    """Inside the commit transaction: every changed key's message, (key as JSON text, the row as a dict of
+    its columns, or None for a key no longer in the table: a tombstone), in key order; the outbox is
+    emptied (by this same transaction, so only if the publish commits with it). Times are rendered in
+    UTC, so a key's bytes never depend on the session's time zone (compaction needs equal keys to be
+    equal bytes)."""
     keys = primary_key(cur, table)
     target, outbox = sql.Identifier("public", table), sql.Identifier(SCHEMA, outbox_name(table))
     cur.execute("SET LOCAL TimeZone = 'UTC'")
     cur.execute(sql.SQL(
         "WITH taken AS (DELETE FROM {outbox} RETURNING *)"
-        " SELECT json_build_object({pairs})::text, CASE WHEN t.{first} IS NULL THEN NULL ELSE row_to_json(t)::text END"
+        " SELECT json_build_object({pairs})::text, t.{first} IS NOT NULL, t.*"
         " FROM taken c LEFT JOIN {target} t ON {match} ORDER BY {ordered}").format(
         outbox=outbox, target=target, first=sql.Identifier(keys[0]), match=same(keys, "c", "t"),
         ordered=names(keys, "c"),
         pairs=sql.SQL(", ").join(sql.SQL("{}, {}").format(sql.Literal(k), sql.Identifier("c", k)) for k in keys)))
-    return cur.fetchall()
+    names_ = [column.name for column in cur.description[2:]]
+    return [(key, dict(zip(names_, row, strict=True)) if present else None) for key, present, *row in cur.fetchall()]

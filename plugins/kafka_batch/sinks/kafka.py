@@ -18,13 +18,15 @@ table, and every key it changed is published with its corrected row.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import model_validator
 
+from kafka_batch.errors import InputError
 from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
 from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
 from kafka_batch.ranges import OffsetRange
@@ -52,6 +54,10 @@ class KafkaSink(Sink):
     """Shape changelog: the table of the pipeline's aggregate or upsert sink whose changes are published,
     one message per changed key (key: the primary key as a JSON object; value: the row as a JSON object,
     or a tombstone for a deleted key). Use a compacted topic: it converges to the table."""
+    value_format: Literal["json", "avro"] = "json"
+    """`json`: values are JSON objects. `avro`: Avro records in the Confluent wire format, their schema made
+    from the value's columns (rows) or the table's (changelog), each field nullable, registered under
+    `<topic>-value` in the Schema Registry of `connections.schema_registry`."""
     max_message_bytes: PositiveInt = 1_000_000
     """Shape rows: a record whose message (key and value, plus 512 bytes for the headers) would be larger
     is invalid, quarantined with its reason (so no sink processes it), instead of failing every attempt at
@@ -101,10 +107,19 @@ class KafkaSink(Sink):
 
         return F.expr(self.key).cast("string") if self.key else F.lit(None).cast("string")
 
+    def _row(self):
+        from pyspark.sql import functions as F
+
+        return F.struct(*[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.value])
+
     def _value(self):
         from pyspark.sql import functions as F
 
-        return F.to_json(F.struct(*[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.value]))
+        return F.to_json(self._row())
+
+    @property
+    def uses_registry(self) -> bool:
+        return self.value_format == "avro"
 
     @property
     def columns_used(self) -> tuple[base.Column, ...]:
@@ -131,7 +146,8 @@ class KafkaSink(Sink):
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
         table = records.select(
             "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
-            F.when(valid, self._key()).alias("_key"), F.when(valid, self._value()).alias("_value"),
+            F.when(valid, self._key()).alias("_key"),
+            F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
             F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
         ).toArrow()
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
@@ -142,7 +158,7 @@ class KafkaSink(Sink):
         return 0
 
     def publish(self, cur, result: pa.Table | None, batch, attempt: int, kafka_config: dict,
-                pending: dict[int, str]) -> int:
+                pending: dict[int, str], registry_config: dict | None = None) -> int:
         """A changelog's outbox is emptied only by a publish: an attempt that completes a batch an earlier
         attempt published leaves it, and the next batch sends those keys' rows again (the same rows, which
         a compacted topic absorbs), rather than losing a change committed since (an operator's edit)."""
@@ -154,11 +170,27 @@ class KafkaSink(Sink):
             found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
             if decide(batch.id, found, pending) is Decision.COMPLETE:
                 return 0
-            messages = (_changes(changelog.take(cur, self.changelog_of), batch) if self.changelog_of is not None
-                        else _messages(result, batch))
+            if self.changelog_of is not None:
+                columns = changelog.columns(cur, self.changelog_of)
+                messages = _changes(changelog.take(cur, self.changelog_of), batch, self._encoder(columns, registry_config))
+            else:
+                columns = [(c.name, c.type) for c in self.value]
+                messages = _messages(result, batch, self._encoder(columns, registry_config))
             return publisher.publish(messages, batch.ranges, Published(batch.id, attempt, batch.kind))
         finally:
             publisher.close()
+
+    def _encoder(self, columns: list[tuple[str, str]], registry_config: dict | None):
+        """A value's bytes from its row: Avro through the registry; JSON (a changelog's rows are dicts; the
+        rows shape's values are JSON text from Spark already)."""
+        if self.value_format == "avro":
+            from kafka_batch.formats.writing import AvroValues, avro_schema  # the registry client's imports: only here
+
+            if registry_config is None:
+                raise InputError(f"the Kafka sink writes Avro to {self.topic!r}: it needs the Schema Registry"
+                                 " connection (connections.schema_registry)")
+            return AvroValues(registry_config, self.topic, avro_schema(self.topic, columns)).encode
+        return _json if self.changelog_of is not None else None
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
         """What was published stays published (see the module's docstring)."""
@@ -185,18 +217,25 @@ def _batch_headers(batch) -> list[tuple[str, str]]:
             ("kafka_batch.kind", batch.kind)]
 
 
-def _changes(changes: list[tuple[str, str | None]], batch) -> Iterator[Message]:
+def _json(row: dict | None) -> str | None:
+    """A changelog row as compact JSON (times in ISO 8601, as Postgres gives them to JSON)."""
+    return None if row is None else json.dumps(row, separators=(",", ":"), default=lambda v: v.isoformat())
+
+
+def _changes(changes: list[tuple[str, dict | None]], batch, encode) -> Iterator[Message]:
     """A changelog's messages: per changed key its row (None: a tombstone), headed by the batch."""
     headers = _batch_headers(batch)
-    for key, value in changes:
-        yield Message(key, value, headers)
+    for key, row in changes:
+        yield Message(key, encode(row), headers)
 
 
-def _messages(table: pa.Table, batch) -> Iterator[Message]:
+def _messages(table: pa.Table, batch, encode=None) -> Iterator[Message]:
     """The messages with their headers: pipeline, batch, kind, the source record and its range."""
     fixed = _batch_headers(batch)
     ranges = {r.range_id: ("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")
               for r in batch.ranges}
     columns = [table[name].to_pylist() for name in ("range_id", "_source", "_key", "_value")]
+    if encode is not None:
+        columns[3] = [encode(row) for row in columns[3]]
     for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
         yield Message(key, value, [*fixed, ("kafka_batch.source", source), ranges[range_id]])

@@ -135,14 +135,15 @@ class ConnectExecution:
     """One batch through Spark Connect; `kill` interrupts only this batch's Spark operations."""
 
     def __init__(self, pipeline, batch_id: int, spark: ConnectionFields, postgres: ConnectionFields,
-                 kafka: ConnectionFields, *, registry: ConnectionFields | None = None, mode: str = "commit",
-                 try_number: int | None = None):
+                 kafka: ConnectionFields, *, registry: ConnectionFields | None = None,
+                 output: ConnectionFields | None = None, mode: str = "commit", try_number: int | None = None):
         self.pipeline = pipeline
         self.spark_conn = spark
         self.batch_id = batch_id
         self.postgres = connections.postgres_params(postgres)
         self.kafka = connections.kafka_config(kafka)
         self.registry = None if registry is None else connections.schema_registry_config(registry)
+        self.output = self.kafka if output is None else connections.kafka_config(output)
         self.mode = mode
         self.try_number = try_number
         self._spark = None
@@ -159,7 +160,8 @@ class ConnectExecution:
         timings.mark("session_ready")
         try:
             job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,
-                          kafka_config=lambda _pipeline: self.kafka, registry_config=self._registry)
+                          kafka_config=lambda _pipeline: self.kafka, registry_config=self._registry,
+                          publish_config=lambda _pipeline: self.output)
         except Exception as exc:  # noqa: BLE001 - as under spark-submit: the kind, and the error the job recorded
             from kafka_batch.core.batches import recorded_error
 

@@ -192,6 +192,10 @@ def env_kafka_config(pipeline: Pipeline) -> dict:
     return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
 
 
+def env_publish_config(pipeline: Pipeline) -> dict:
+    return connections.kafka_config(connections.from_environment(pipeline.connections.publish))
+
+
 def env_registry_config(pipeline: Pipeline) -> dict:
     return connections.schema_registry_config(connections.from_environment(pipeline.connections.schema_registry))
 
@@ -200,6 +204,7 @@ def run_batch(
     spark, postgres: dict, batch_id: int, try_number: int | None = None, mode: str = "commit",
     kafka_config: Callable[[Pipeline], dict] = env_kafka_config,
     registry_config: Callable[[Pipeline], dict] = env_registry_config,
+    publish_config: Callable[[Pipeline], dict] = env_publish_config,
 ) -> CommitResult:
     """Execute a batch: commit it, or (mode `preview`, replays only) store how it would change the outputs."""
     conn = database.connect(postgres)
@@ -210,6 +215,9 @@ def run_batch(
             return CommitResult(batch_id, True, batch.records_read or 0, 0)
         pipeline = batches.batch_pipeline(conn, batch)
         kafka = kafka_config(pipeline)
+        publish = publish_config(pipeline) if pipeline.publishing_sinks else None  # a missing one fails here
+        writes_registry = any(sink.uses_registry for sink in pipeline.publishing_sinks)
+        registry = registry_config(pipeline) if writes_registry else None
         attempt = attempts.claim_attempt(conn, batch_id, try_number)
     finally:
         conn.close()
@@ -231,7 +239,7 @@ def run_batch(
                 log.info("replay %s previewed: %d keys would change; nothing committed", batch_id, result.rows_written)
                 return result
             result = commit_batch(conn, pipeline, batch_id, attempt, outputs, read_tasks, quarantined, schema_ids,
-                                  read_seconds=read_seconds, kafka_config=kafka)
+                                  read_seconds=read_seconds, kafka_config=publish, registry_config=registry)
         finally:
             conn.close()
         timings.mark("commit_done")
