@@ -274,3 +274,40 @@ def test_avro_values_through_the_registry_read_back_by_confluents_deserializer(s
     fields = json.loads(registered)["fields"]  # in the definition's order, each a union with null
     assert [f["name"] for f in fields] == [c.name for c in pipeline.sink_settings.kafka.value]
     assert all(f["type"][0] == "null" and f["default"] is None for f in fields)
+
+
+def test_protobuf_values_read_back_with_a_class_protoc_builds_from_the_documented_schema(services):
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from tests.integration.test_protobuf import message_class
+
+    output = f"kafkaproto_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 1)
+    pipeline = new_pipeline("kafkaproto", partitions=1, sinks={"kafka": {
+        "topic": output, "value_format": "protobuf", "value": {  # names in the definition's (sorted) order
+            "a_page": "page", "b_ms": {"expr": "duration_ms", "type": "bigint"},
+            "c_at": {"expr": "timestamp", "type": "timestamptz"}, "d_day": {"expr": "to_date(timestamp)", "type": "date"},
+            "e_half": {"expr": "duration_ms / 2", "type": "double precision"},
+            "f_long": {"expr": "duration_ms > 30000", "type": "boolean"}, "g_missing": "CAST(NULL AS STRING)"}}})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 40, seed=88)
+    run_cli("run", "--pipeline", pipeline.name)
+
+    # The schema as README and kafka_batch.formats.writing describe it, compiled by protoc here.
+    schema = ('syntax = "proto3";\npackage kafka_batch;\nimport "google/protobuf/timestamp.proto";\n'
+              f"message {output} {{ optional string a_page = 1; optional int64 b_ms = 2;"
+              " google.protobuf.Timestamp c_at = 3; optional string d_day = 4; optional double e_half = 5;"
+              " optional bool f_long = 6; optional string g_missing = 7; }\n")
+    deserialize = ProtobufDeserializer(message_class(schema, f"kafka_batch.{output}"), {"use.deprecated.format": False})
+    expected = []
+    for message in _committed_messages(topic, [0]):
+        record, at = json.loads(message.value()), datetime.fromtimestamp(message.timestamp()[1] / 1000, UTC)
+        ms = record["duration_ms"]
+        expected.append((record["page"], ms, at, at.date().isoformat(), ms / 2, ms > 30000, False))
+    found = []
+    for message in _committed_messages(output, [0]):
+        m = deserialize(message.value(), SerializationContext(output, MessageField.VALUE))
+        at = datetime.fromtimestamp(m.c_at.seconds, UTC).replace(microsecond=m.c_at.nanos // 1000)
+        found.append((m.a_page, m.b_ms, at, m.d_day, m.e_half, m.f_long, m.HasField("g_missing")))
+    assert found == expected

@@ -54,10 +54,10 @@ class KafkaSink(Sink):
     """Shape changelog: the table of the pipeline's aggregate or upsert sink whose changes are published,
     one message per changed key (key: the primary key as a JSON object; value: the row as a JSON object,
     or a tombstone for a deleted key). Use a compacted topic: it converges to the table."""
-    value_format: Literal["json", "avro"] = "json"
-    """`json`: values are JSON objects. `avro`: Avro records in the Confluent wire format, their schema made
-    from the value's columns (rows) or the table's (changelog), each field nullable, registered under
-    `<topic>-value` in the Schema Registry of `connections.schema_registry`."""
+    value_format: Literal["json", "avro", "protobuf"] = "json"
+    """`json`: values are JSON objects. `avro`, `protobuf`: records in the Confluent wire format, their schema
+    made from the value's columns (rows) or the table's (changelog), registered under `<topic>-value` in
+    the Schema Registry of `connections.schema_registry` (kafka_batch.formats.writing has the mapping)."""
     max_message_bytes: PositiveInt = 1_000_000
     """Shape rows: a record whose message (key and value, plus 512 bytes for the headers) would be larger
     is invalid, quarantined with its reason (so no sink processes it), instead of failing every attempt at
@@ -119,7 +119,7 @@ class KafkaSink(Sink):
 
     @property
     def uses_registry(self) -> bool:
-        return self.value_format == "avro"
+        return self.value_format != "json"
 
     @property
     def columns_used(self) -> tuple[base.Column, ...]:
@@ -181,15 +181,15 @@ class KafkaSink(Sink):
             publisher.close()
 
     def _encoder(self, columns: list[tuple[str, str]], registry_config: dict | None):
-        """A value's bytes from its row: Avro through the registry; JSON (a changelog's rows are dicts; the
+        """A value's bytes from its row: Avro or Protobuf through the registry; JSON (a changelog's rows are dicts; the
         rows shape's values are JSON text from Spark already)."""
-        if self.value_format == "avro":
-            from kafka_batch.formats.writing import AvroValues, avro_schema  # the registry client's imports: only here
+        if self.uses_registry:
+            from kafka_batch.formats.writing import RegistryValues  # the registry client's imports: only here
 
             if registry_config is None:
-                raise InputError(f"the Kafka sink writes Avro to {self.topic!r}: it needs the Schema Registry"
-                                 " connection (connections.schema_registry)")
-            return AvroValues(registry_config, self.topic, avro_schema(self.topic, columns)).encode
+                raise InputError(f"the Kafka sink writes {self.value_format} to {self.topic!r}: it needs the Schema"
+                                 " Registry connection (connections.schema_registry)")
+            return RegistryValues(registry_config, self.topic, self.value_format, columns).encode
         return _json if self.changelog_of is not None else None
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
