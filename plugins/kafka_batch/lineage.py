@@ -1,7 +1,8 @@
 """What a catalog learns of the pipelines through OpenLineage: inputs are the Kafka topics a batch read,
 with a run facet of the exact offset ranges (`kafkaBatch`: pipeline, batch id, attempt, kind); outputs
-are the sink tables with their columns and the rows changed in each. Names follow OpenLineage's naming:
-`kafka://host:port` and the topic; `postgres://host:port` and `database.schema.table`.
+are the sink tables with their columns and the rows changed in each, and the topics a batch published
+to (the Kafka sink). Names follow OpenLineage's naming: `kafka://host:port` and the topic;
+`postgres://host:port` and `database.schema.table`.
 
 Airflow tasks hand these to Airflow's OpenLineage provider (kafka_batch.airflow.lineage); a rewind, which
 only the CLI does, sends its own event through the same transport settings (`client_from_environment`,
@@ -71,6 +72,11 @@ def datasets(pipeline: Pipeline, kafka_config: dict, postgres: dict, ranges, row
         for table in pipeline.tables
     ]
     return inputs, outputs
+
+
+def topic_outputs(pipeline: Pipeline, publish_config: dict) -> list[OutputDataset]:
+    """The topics the pipeline's Kafka sinks publish to, on the cluster they publish on."""
+    return [OutputDataset(namespace=kafka_namespace(publish_config), name=sink.topic) for sink in pipeline.publishing_sinks]
 
 
 def client_from_environment():

@@ -21,6 +21,7 @@ from tests.integration.helpers import (
     run_cli,
     run_dag,
     sink_table,
+    update_pipeline,
 )
 from tests.integration.test_end_to_end import _transactional_page_views
 
@@ -112,3 +113,28 @@ def test_a_batch_and_a_replay_tell_the_catalog_their_ranges_and_tables(services,
     outputs = {d["name"]: d["outputFacets"]["outputStatistics"]["rowCount"] for d in rewinds[0]["outputs"]}
     assert outputs == {f"{database}.public.{rows}": len(rows_truth(topic, in_partition)),
                        f"{database}.public.{aggregate}": len(ground_truth(topic, in_partition))}
+
+
+def test_a_batch_that_publishes_names_its_topic_as_an_output_and_an_asset(services, monkeypatch, tmp_path):
+    from kafka_batch.airflow.operators import sink_assets
+    from tests.integration.helpers import create_topic
+
+    events = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT",
+                       json.dumps({"type": "file", "log_file_path": str(events), "append": True}))
+    pipeline = new_pipeline("lineagek")
+    output = f"{pipeline.name}_out"
+    create_topic(output, 1)
+    pipeline = update_pipeline(pipeline.name, sinks={"aggregate": pipeline.definition["sinks"]["aggregate"], "kafka": {
+        "topic": output, "changelog_of": aggregate_table(pipeline)}})
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 50, seed=73)
+
+    run_dag(pipeline.dag_id, "2026-01-01T00:00:00+00:00")
+    [event] = _completed_execute(events, pipeline.dag_id)
+    servers = kafka_config()["bootstrap.servers"].split(",")[0]
+    database = query("SELECT current_database()")[0][0]
+    assert sorted((d["namespace"].split(":")[0], d["name"]) for d in event["outputs"]) == [
+        ("kafka", output), ("postgres", f"{database}.public.{aggregate_table(pipeline)}")]
+    assert [d["namespace"] for d in event["outputs"] if d["name"] == output] == [f"kafka://{servers}"]
+    assert [a.name for a in sink_assets(pipeline)] == [f"kafka_batch.{aggregate_table(pipeline)}",
+                                                       f"kafka_batch.topic.{output}"]

@@ -1,12 +1,14 @@
 """The execute step: one batch through the same call the CLI makes (kafka_batch.spark.submit):
 spark-submit, or a Spark Connect server when the pipeline's Spark connection is one.
 
-Its outlets are one Asset per sink table, named `kafka_batch.<table>` (`sink_assets`): a DAG scheduled
-on `Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
+Its outlets are one Asset per sink table, named `kafka_batch.<table>`, and per topic a Kafka sink
+publishes to, `kafka_batch.topic.<topic>` (`sink_assets`): a DAG scheduled on
+`Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
 records an outlet event whenever the task succeeds, so the task succeeds only when the batch really
 committed now; a replay's dry run (preview) ends `skipped`, and empty plans, dry runs and batches
 committed before never reach this task (`has_work`). With OpenLineage on, a commit's lineage (the
-topics and exact ranges read, the tables written: kafka_batch.airflow.lineage) goes to the catalog.
+topics and exact ranges read, the tables and topics written: kafka_batch.airflow.lineage) goes to the
+catalog.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ class BatchSparkSubmitOperator(BaseOperator):
                 if not exc.retryable:
                     raise AirflowFailException(str(exc)) from None
                 raise
-        self._announce(context, connections.postgres_params(postgres), connections.kafka_config(kafka), batch_id)
+        self._announce(context, connections.postgres_params(postgres), connections.kafka_config(kafka), batch_id,
+                       None if output is None else connections.kafka_config(output))
 
-    def _announce(self, context, postgres: dict, kafka: dict, batch_id: int) -> None:
+    def _announce(self, context, postgres: dict, kafka: dict, batch_id: int, publish: dict | None) -> None:
         """Attach the batch to each outlet's event and, when OpenLineage is on, keep its lineage from the
         ledger; anything but a commit skips the task (no event, no lineage)."""
         from airflow.providers.openlineage.conf import is_disabled
@@ -94,7 +97,8 @@ class BatchSparkSubmitOperator(BaseOperator):
             from kafka_batch.airflow.lineage import batch_lineage
 
             run_type = str(getattr(context["dag_run"].run_type, "value", context["dag_run"].run_type))
-            self._lineage = batch_lineage(self.pipeline, kafka, postgres, batch, run_type, rows_written, columns)
+            self._lineage = batch_lineage(self.pipeline, kafka, postgres, batch, run_type, rows_written, columns,
+                                          publish)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         """OpenLineage's provider asks this after a success: the topics and exact ranges a commit read,
@@ -125,5 +129,7 @@ def airflow_stats() -> metrics.Stats | None:
 
 
 def sink_assets(pipeline: Pipeline) -> list[Asset]:
-    """One Asset per table the pipeline's sinks write: `kafka_batch.<table>`."""
-    return [Asset(name=f"kafka_batch.{table}") for table in pipeline.tables]
+    """One Asset per table the pipeline's sinks write, `kafka_batch.<table>`, and per topic its Kafka sink
+    publishes to, `kafka_batch.topic.<topic>`."""
+    return ([Asset(name=f"kafka_batch.{table}") for table in pipeline.tables]
+            + [Asset(name=f"kafka_batch.topic.{sink.topic}") for sink in pipeline.publishing_sinks])
