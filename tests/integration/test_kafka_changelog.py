@@ -30,7 +30,7 @@ from tests.integration.helpers import (
     table_contents,
     update_pipeline,
 )
-from tests.integration.test_kafka_sink import FAULT, _execute
+from tests.integration.test_kafka_sink import fail_commit_after_publish
 from tests.integration.test_upsert import compacted, customer, produce, table, upsert_pipeline
 
 pytestmark = pytest.mark.integration
@@ -97,14 +97,7 @@ def test_a_compacted_topic_equals_the_aggregate_table_through_replays_rewinds_an
     # A batch published to Kafka whose Postgres commit fails: a reset must not supersede it (a new batch
     # would publish its records again); the next run completes it, and the topic still equals the table.
     sample_data.produce_page_views(kafka_config(), topic, 60, seed=92, start_ms=start + 2 * hour)
-    _execute(FAULT.format(name=name))
-    try:
-        _execute(f"INSERT INTO public.{name}_fail_commit VALUES (%s)", name)
-        failed = run_cli("run", "--pipeline", name, check=False)
-        assert failed.returncode != 0 and "injected" in failed.stderr, failed.stderr
-        _execute(f"DELETE FROM public.{name}_fail_commit")
-    finally:
-        _execute(f"DROP TRIGGER IF EXISTS {name}_fail_commit ON kafka_batch.batches")
+    fail_commit_after_publish(name)
     refused = run_cli("reset", "--pipeline", name, "--topic", topic, "--partitions", "1", "--to-offset", "0",
                       "--reason", "test", "--execute", check=False)
     assert refused.returncode != 0 and "is published to topic" in refused.stderr, refused.stderr

@@ -58,6 +58,18 @@ def _execute(statement: str, *params) -> None:
     conn.close()
 
 
+def fail_commit_after_publish(name: str) -> None:
+    """One run of the pipeline whose Postgres commit fails after its Kafka publish (FAULT)."""
+    _execute(FAULT.format(name=name))
+    try:
+        _execute(f"INSERT INTO public.{name}_fail_commit VALUES (%s)", name)
+        failed = run_cli("run", "--pipeline", name, check=False)
+        assert failed.returncode != 0 and "injected" in failed.stderr, failed.stderr
+        _execute(f"DELETE FROM public.{name}_fail_commit")
+    finally:
+        _execute(f"DROP TRIGGER IF EXISTS {name}_fail_commit ON kafka_batch.batches")
+
+
 def _output(topic: str, partitions=(0, 1)) -> list[dict]:
     found = []
     for message in _committed_messages(topic, list(partitions)):
@@ -78,14 +90,7 @@ def test_every_valid_record_is_published_once_through_batches_and_a_failed_commi
 
     run_cli("run", "--pipeline", pipeline.name)  # the first batch publishes
     name = pipeline.name
-    _execute(FAULT.format(name=name))
-    try:
-        _execute(f"INSERT INTO public.{name}_fail_commit VALUES (%s)", name)
-        failed = run_cli("run", "--pipeline", name, check=False)
-        assert failed.returncode != 0 and "injected" in failed.stderr, failed.stderr
-        _execute(f"DELETE FROM public.{name}_fail_commit")
-    finally:
-        _execute(f"DROP TRIGGER IF EXISTS {name}_fail_commit ON kafka_batch.batches")
+    fail_commit_after_publish(name)
     # Its messages are in Kafka, its Postgres commit is not. The next run takes that batch up again (a new
     # plan would publish its records a second time), and its second attempt only commits Postgres.
     run_cli("run", "--pipeline", name)
