@@ -158,8 +158,9 @@ class Env:
         return definition
 
     def publishing_pipeline(self, name: str, topic: str, output: str, spark: str = CONNECT):
-        """The page views, each published to `output` (key user_id; page and duration): a Kafka sink alone."""
-        definition = self._sample("page_views", name, topic, spark, {})
+        """The page views, each published to `output` (key user_id; page and duration): a Kafka sink alone,
+        its batches bounded to 10M records (a publish must fit the transaction's timeout)."""
+        definition = self._sample("page_views", name, topic, spark, {"max_records_per_batch": 10**7})
         definition["sinks"] = {"kafka": {"topic": output, "key": "user_id", "value": {
             "page": "page", "duration_ms": {"expr": "duration_ms", "type": "bigint"}}}}
         return self._written(definition)
