@@ -104,8 +104,7 @@ class Publisher:
             "transaction.timeout.ms": transaction_timeout_ms, "linger.ms": 5, "logger": LIBRDKAFKA_LOG,
             "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
-        self._group = Consumer({**self._config, "group.id": self.transactional_id, "enable.auto.commit": False,
-                                "logger": LIBRDKAFKA_LOG})
+        self._group = _publish_group(self._config, self.transactional_id)
 
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
@@ -123,12 +122,7 @@ class Publisher:
 
     def published(self, partitions: Iterable[tuple[str, int]]) -> list[Published]:
         """The identities the publish group holds for these input partitions (after `fence`: final)."""
-        asked = [TopicPartition(t, p) for t, p in partitions]
-        try:
-            committed = self._group.committed(asked, timeout=self._timeout)
-        except KafkaException as exc:
-            raise _service_error(f"could not read the publish group {self.transactional_id}", exc) from None
-        return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
+        return _identities(self._group, self.transactional_id, partitions, self._timeout)
 
     def publish(self, messages: Iterable[Message], ranges: Sequence[OffsetRange], identity: Published) -> int:
         """Produce the messages and commit them with the batch's identity, in one transaction; returns how
@@ -224,21 +218,32 @@ def _sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: list[
     stable, ends = offsets.offsets(partitions), offsets.ends(partitions)
     held = {tp: (stable[tp].last_stable, ends[tp]) for tp in partitions if stable[tp].last_stable < ends[tp]}
     since = first_timestamps(config, {tp: lso for tp, (lso, _) in held.items()}, timeout, committed=False)
-    group = Consumer({**admin_config(config), "group.id": transactional_id(pipeline, topic), "enable.auto.commit": False,
-                      "logger": LIBRDKAFKA_LOG})
+    group = _publish_group(admin_config(config), transactional_id(pipeline, topic))
     try:
-        found = [Published.from_metadata(tp.metadata)
-                 for tp in group.committed([TopicPartition(t, p) for t, p in inputs], timeout=timeout)]
-    except KafkaException as exc:
-        raise _service_error(f"could not read the state of the Kafka sink {topic!r}", exc) from None
+        found = _identities(group, transactional_id(pipeline, topic), inputs, timeout)
     finally:
         group.close()
-    last = max((p for p in found if p is not None), key=lambda p: p.batch_id, default=None)
+    last = max(found, key=lambda p: p.batch_id, default=None)
     return {"topic": topic, "transactional_id": transactional_id(pipeline, topic),
             "last_published": None if last is None else asdict(last),
             "open_transactions": [asdict(OpenTransaction(
                 p, lso, end, None if since.get((t, p)) is None else datetime.fromtimestamp(since[(t, p)] / 1000, UTC)))
                 for (t, p), (lso, end) in sorted(held.items())]}
+
+
+def _publish_group(config: dict[str, Any], group_id: str) -> Consumer:
+    """A client of the publish group (named like the transactional id); it never consumes."""
+    return Consumer({**config, "group.id": group_id, "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
+
+
+def _identities(group: Consumer, group_id: str, partitions: Iterable[tuple[str, int]],
+                timeout: float) -> list[Published]:
+    """The batch identities the publish group's offsets of these input partitions carry."""
+    try:
+        committed = group.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+    except KafkaException as exc:
+        raise _service_error(f"could not read the publish group {group_id}", exc) from None
+    return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
 
 
 def _service_error(what: str, exc: KafkaException) -> ServiceError:

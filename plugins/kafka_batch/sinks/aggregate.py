@@ -22,7 +22,6 @@ from kafka_batch.sinks.base import (
     Column,
     ColumnSpec,
     MeasureSpec,
-    RangeCounts,
     SinkOutput,
     StageContext,
     TableSink,
@@ -32,6 +31,7 @@ from kafka_batch.sinks.base import (
     copy_arrow,
     create_per_range_table,
     names,
+    range_counts,
     require_columns,
     same,
 )
@@ -257,15 +257,6 @@ class AggregateSink(TableSink):
         changed = cur.rowcount
         cur.execute("DROP TABLE aggregate_stage")
         return changed
-
-
-def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
-    """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
-    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum"), ("invalid", "sum")])
-    return {
-        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0, row["invalid_sum"] or 0)
-        for row in totals.to_pylist()
-    }
 
 
 def contributions(result: pa.Table, columns: list[str]) -> pa.Table:

@@ -68,6 +68,15 @@ class RangeCounts:
     invalid: int = 0     # quarantined (see kafka_batch.spark.transform)
 
 
+def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
+    """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
+    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum"), ("invalid", "sum")])
+    return {
+        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0, row["invalid_sum"] or 0)
+        for row in totals.to_pylist()
+    }
+
+
 @dataclass(frozen=True)
 class SinkOutput:
     """What `compute` hands to the commit: per-range counts (None: the sink reads no records, as a

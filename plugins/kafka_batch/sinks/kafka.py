@@ -31,7 +31,7 @@ from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, d
 from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, changelog
-from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink
+from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink, range_counts
 
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
 PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
@@ -201,15 +201,13 @@ class KafkaSink(Sink):
 
 
 def _counts(table: pa.Table) -> dict[int, RangeCounts]:
+    """Per range, from each message's flags (base.range_counts sums them)."""
     invalid, tombstones = table["_invalid"], table["_tombstone"]
-    flags = pa.table({
+    return range_counts(pa.table({
         "range_id": table["range_id"],
         "records": pc.cast(pc.invert(pc.or_(invalid, tombstones)), pa.int64()),
         "tombstones": pc.cast(tombstones, pa.int64()), "invalid": pc.cast(invalid, pa.int64()),
-    })
-    totals = flags.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum"), ("invalid", "sum")])
-    return {row["range_id"]: RangeCounts(row["records_sum"], row["tombstones_sum"], row["invalid_sum"])
-            for row in totals.to_pylist()}
+    }))
 
 
 def _batch_headers(batch) -> list[tuple[str, str]]:

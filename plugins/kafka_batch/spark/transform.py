@@ -5,9 +5,10 @@ sinks can count them; `_deleted` flags the records that say their key is gone (a
 envelope's delete event: kafka_batch.spark.envelope unwraps the fields and adds its columns). A record
 the pipeline cannot process (a value over `max_value_bytes`, not a JSON object with the declared
 fields, an Avro or Protobuf value its reader could not decode, not an event of its envelope, a null
-where a sink needs a key, or what a sink cannot take, as a Kafka message over its limit) gets its reason in `_invalid`; sinks skip it and count it, and the job
-quarantines it. Under `on_invalid_record: fail` such a record stops the batch instead, with
-raise_error naming its topic, partition and offset.
+where a sink needs a key, or what a sink cannot take, as a Kafka message over its limit) gets its
+reason in `_invalid`; sinks skip it and count it, and the job quarantines it. Under
+`on_invalid_record: fail` such a record stops the batch instead, with raise_error naming its topic,
+partition and offset.
 Avro and Protobuf values are decoded by the reader (`formats`): their fields are the top-level fields
 of the record (`record` is the whole of it). JSON: the reader may have parsed the fields already
 (`json_fields`, pyarrow, where it gives what from_json gives); from_json then parses only the records
