@@ -128,10 +128,14 @@ class Publisher:
         """Produce the messages and commit them with the batch's identity, in one transaction; returns how
         many were produced. A newer attempt fences this one: FencedAttempt, nothing of it is visible."""
         produced = 0
+        produce, topic = self._producer.produce, self.topic  # bound once: a batch produces millions
         try:
             self._producer.begin_transaction()
-            for message in messages:
-                self._produce(message)
+            for key, value, headers in messages:
+                try:
+                    produce(topic, value, key, headers=headers)
+                except BufferError:  # the local queue is full: let librdkafka send some first
+                    self._produce_when_queued(topic, key, value, headers)
                 produced += 1
             offsets = [TopicPartition(r.topic, r.partition, r.until_offset, metadata=identity.metadata())
                        for r in ranges]
@@ -157,13 +161,14 @@ class Publisher:
             raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc) from None
         return produced
 
-    def _produce(self, message: Message) -> None:
+    def _produce_when_queued(self, topic: str, key, value, headers) -> None:
         while True:
+            self._producer.poll(0.05)
             try:
-                self._producer.produce(self.topic, key=message.key, value=message.value, headers=message.headers)
+                self._producer.produce(topic, value, key, headers=headers)
                 return
-            except BufferError:  # the local queue is full: let librdkafka send some first
-                self._producer.poll(0.05)
+            except BufferError:
+                continue
 
     def _abort_quietly(self) -> None:
         try:
