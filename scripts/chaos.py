@@ -56,12 +56,13 @@ from pathlib import Path
 import psutil
 import psycopg2
 import yaml
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
 from kafka_batch.errors import DataLossError
 from kafka_batch_dev import local_stack
+from kafka_batch_dev.committed import committed_messages
 
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
@@ -216,25 +217,8 @@ def upsert_key(record_id: str) -> str:
 def published_messages(topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, str]]]:
     """(key, value, headers) of every committed message of the Kafka sink's output topic, in each
     partition's order, read_committed from its start."""
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": f"chaos-check-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-    found, done = [], set()
-    try:
-        while len(done) < len(partitions):
-            for m in consumer.consume(10_000, timeout=5):
-                if m.error():
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(m.error())
-                    done.add(m.partition())
-                    continue
-                done.discard(m.partition())
-                found.append((m.key(), m.value(), {k: v.decode() for k, v in m.headers() or []}))
-    finally:
-        consumer.close()
-    return found
+    return [(m.key(), m.value(), {k: v.decode() for k, v in m.headers() or []})
+            for m in committed_messages({"bootstrap.servers": kafka_bootstrap()}, topic)]
 
 
 def check_published(topic: str, output: str, shape: str, valid: dict, expected: dict) -> list[str]:
@@ -265,28 +249,8 @@ def check_published(topic: str, output: str, shape: str, valid: dict, expected: 
 def committed_records(topic: str, ends: dict[int, int]) -> list[tuple[int, int, bytes]]:
     """(partition, offset, value) of every committed record still in the topic below `ends`
     (partition -> offset), read_committed from the log start."""
-    consumer = Consumer({"bootstrap.servers": kafka_bootstrap(), "group.id": f"chaos-check-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "auto.offset.reset": "earliest",  # offset 0 may have been deleted
-                         "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
-    wanted = {p: end for p, end in ends.items() if end > 0}
-    consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
-    found, done = [], set()
-    try:
-        while len(done) < len(wanted):
-            for m in consumer.consume(10_000, timeout=5):
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        done.add(m.partition())
-                        continue
-                    raise RuntimeError(m.error())
-                if m.offset() >= wanted[m.partition()]:
-                    done.add(m.partition())
-                    continue
-                found.append((m.partition(), m.offset(), m.value()))
-    finally:
-        consumer.close()
-    return found
+    return [(m.partition(), m.offset(), m.value())
+            for m in committed_messages({"bootstrap.servers": kafka_bootstrap()}, topic, below=ends)]
 
 
 @dataclass

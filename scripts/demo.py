@@ -13,14 +13,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import psycopg2
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
 from kafka_batch_dev import local_stack, sample_data
+from kafka_batch_dev.committed import committed_messages
 
 PIPELINE, AVRO_PIPELINE, TOTALS_PIPELINE = "page_views", "page_views_avro", "page_view_totals"
 FIRST, SECOND = 20_000, 5_000
@@ -123,30 +122,13 @@ def avro_step(cur, kafka: dict, log_dir: str) -> int:
 def _compacted(kafka: dict, topic: str) -> dict[str, dict]:
     """The topic as compaction leaves it, read by a plain read_committed consumer: per key its last value
     (a tombstone removes the key)."""
-    consumer = Consumer({"bootstrap.servers": kafka["bootstrap.servers"], "group.id": f"demo-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False,
-                         **{k: v for k, v in kafka.items() if k.startswith(("security.", "sasl.", "ssl."))}})
-    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     latest: dict[str, dict] = {}
-    at_end: set[int] = set()
-    try:
-        while len(at_end) < len(partitions):
-            for message in consumer.consume(1000, timeout=5):
-                if message.error():
-                    if message.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(message.error())
-                    at_end.add(message.partition())
-                    continue
-                at_end.discard(message.partition())
-                key = json.loads(message.key())["page"]
-                if message.value() is None:
-                    latest.pop(key, None)
-                else:
-                    latest[key] = json.loads(message.value())
-    finally:
-        consumer.close()
+    for message in committed_messages(kafka, topic):
+        key = json.loads(message.key())["page"]
+        if message.value() is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = json.loads(message.value())
     return latest
 
 

@@ -12,15 +12,14 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import psycopg2
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
 from kafka_batch_dev import sample_data
+from kafka_batch_dev.committed import committed_messages
 
 CLI = str(Path(sys.executable).parent / "kafka-batch")
 
@@ -33,33 +32,10 @@ def kafka_batch(*args: str) -> str:
     return result.stdout
 
 
-def _committed(kafka: dict, topic: str, positions: dict[int, int]):
-    """Every committed record below the positions, in offset order per partition."""
-    consumer = Consumer({"bootstrap.servers": kafka["bootstrap.servers"], "group.id": f"demo-{uuid.uuid4().hex}",
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
-    wanted = {p: end for p, end in positions.items() if end > 0}
-    consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
-    done: set[int] = set()
-    try:
-        while len(done) < len(wanted):
-            for m in consumer.consume(10_000, timeout=5):
-                if m.error():
-                    if m.error().code() != KafkaError._PARTITION_EOF:
-                        raise RuntimeError(m.error())
-                    done.add(m.partition())
-                elif m.offset() >= wanted[m.partition()]:
-                    done.add(m.partition())
-                else:
-                    yield m
-    finally:
-        consumer.close()
-
-
 def compaction(kafka: dict, topic: str, positions: dict[int, int]) -> dict[str, tuple]:
     """customer -> (name, balance) of the last record per key below the positions, tombstones deleting."""
     latest: dict[str, dict | None] = {}
-    for m in _committed(kafka, topic, positions):  # a key lives in one partition: the later offset is the latest
+    for m in committed_messages(kafka, topic, below=positions):  # a key lives in one partition: the later offset is the latest
         latest[m.key().decode()] = None if m.value() is None else json.loads(m.value())
     return {k: (v["name"], v["balance"]) for k, v in latest.items() if v is not None}
 
@@ -67,7 +43,7 @@ def compaction(kafka: dict, topic: str, positions: dict[int, int]) -> dict[str, 
 def changes_compacted(kafka: dict, topic: str, positions: dict[int, int]) -> dict[str, tuple]:
     """customer -> (name, balance) of the change event with the highest lsn per key, deletes deleting."""
     latest: dict[str, tuple[int, dict | None]] = {}
-    for m in _committed(kafka, topic, positions):
+    for m in committed_messages(kafka, topic, below=positions):
         if m.value() is None:
             continue  # the tombstone after a delete: the delete event said it
         event = json.loads(m.value())["payload"]

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import psycopg2
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
+from kafka_batch_dev.committed import committed_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,26 +86,7 @@ def new_pipeline(prefix: str, partitions: int = 3, rows: bool = False, spark_sub
 
 def _committed_messages(topic: str, partitions: list[int]) -> Iterator[Message]:
     """Every committed record of the partitions (tombstones too), from the beginning to the end."""
-    config = kafka_config()
-    consumer = Consumer({
-        "bootstrap.servers": config["bootstrap.servers"], "group.id": f"truth-{uuid.uuid4().hex}",
-        "isolation.level": "read_committed", "enable.partition.eof": True, "enable.auto.commit": False,
-        "receive.message.max.bytes": config.get("receive.message.max.bytes", 100_000_000),
-    })
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    at_end: set[int] = set()
-    try:
-        while len(at_end) < len(partitions):
-            for message in consumer.consume(10_000, timeout=5):
-                if message.error():
-                    if message.error().code() == KafkaError._PARTITION_EOF:
-                        at_end.add(message.partition())
-                        continue
-                    raise RuntimeError(message.error())
-                at_end.discard(message.partition())
-                yield message
-    finally:
-        consumer.close()
+    return committed_messages(kafka_config(), topic, partitions)
 
 
 def _partitions(topic: str) -> list[int]:
