@@ -57,9 +57,13 @@ METRICS = {m.name: m for m in (
     Metric("batch.records_committed", COUNTER, _BATCH, "records whose effect a committed batch committed"),
     Metric("batch.records_quarantined", COUNTER, _BATCH, "invalid records a committed batch quarantined"),
     Metric("batch.records_per_second", GAUGE, _BATCH, "records read per second of the batch's read and compute"),
+    Metric("batch.messages_published", COUNTER, (*_BATCH, "topic"),
+           "messages a committed batch's attempt published to a Kafka sink's topic (0 when an earlier attempt's"
+           " Kafka transaction had published them and only its Postgres side was left)"),
     Metric("batch.duration", TIMER, (*_BATCH, "phase"),
-           "a batch's phases in ms: plan, read (Spark reads and computes in one pass), commit, execute (the "
-           "attempt from its start to its commit, Spark's start included)"),
+           "a batch's phases in ms: plan, read (Spark reads and computes in one pass), commit (its Postgres"
+           " statements), publish (its Kafka sinks' transactions, inside the commit), execute (the attempt from its"
+           " start to its commit, Spark's start included)"),
     Metric("data_loss.offsets", COUNTER, _PARTITION, "offsets deleted by retention before they were read"),
     Metric("resets", COUNTER, (*_PARTITION, "direction"), "positions moved by hand (direction: rewind or skip)"),
 )}
@@ -105,7 +109,11 @@ def batch_points(facts: Mapping) -> list[Point]:
         _point("batch.records_committed", valid + tombstones, **tags),
         _point("batch.records_quarantined", invalid, **tags),
     ]
-    phases = {"read": facts["read_seconds"], "commit": facts["commit_seconds"], "execute": facts["execute_seconds"]}
+    published = facts.get("published") or {}
+    points += [_point("batch.messages_published", topic["messages"], **tags, topic=name)
+               for name, topic in published.items()]
+    phases = {"read": facts["read_seconds"], "commit": facts["commit_seconds"], "execute": facts["execute_seconds"],
+              "publish": sum(topic["seconds"] for topic in published.values()) if published else None}
     points += [_point("batch.duration", seconds * 1000, **tags, phase=phase)
                for phase, seconds in phases.items() if seconds is not None]
     if facts["read_seconds"]:

@@ -122,6 +122,13 @@ def test_every_valid_record_is_published_once_through_batches_and_a_failed_commi
         assert (m["kafka_batch.batch"], m["kafka_batch.range"], m["kafka_batch.kind"], m["kafka_batch.pipeline"]) == (
             str(batch_id), f"{topic}:{partition}:{lo}-{hi}", "batch", name)
     assert [s for _, _, s, *_ in batches_of(name)].count("committed") >= 3
+    # What the ledger says each batch published (its metrics): the messages naming it in the topic; none
+    # for the batch whose second attempt found them published by the first and only committed Postgres.
+    per_batch = Counter(int(m["kafka_batch.batch"]) for m in published)
+    said = query("SELECT id, attempt, (published -> %s ->> 'messages')::int FROM kafka_batch.batches"
+                 " WHERE pipeline = %s", output, name)
+    assert [(n, per_batch[b] > 0) for b, attempt, n in said if attempt == 2] == [(0, True)]
+    assert {b: n for b, attempt, n in said if attempt == 1} == {b: per_batch[b] for b, attempt, _ in said if attempt == 1}
     # The Postgres side holds the same records once (the aggregate sink's totals).
     valid = ground_truth(topic, select=lambda partition, offset: (partition, offset) != (0, bad[0]))
     assert sum(v for v, _ in valid.values()) == len(expected)

@@ -13,7 +13,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from kafka_batch_dev import sample_data
+from kafka_batch_dev.committed import committed_messages
 from tests.integration.helpers import (
+    create_topic,
     kafka_config,
     new_pipeline,
     positions,
@@ -105,6 +107,26 @@ def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, 
         age = _one(points, "kafka_batch.lag.seconds", **where)
         written = dict(records)[position] / 1000  # a page view: the batch stopped inside them
         assert before - written - 1 <= age <= after - written + 1
+
+
+def test_a_publishing_batch_sends_its_messages_per_topic_and_its_publish_time(services):
+    output = f"metricspub_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 2)
+    pipeline = new_pipeline("metricspub", sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
+    _produce(pipeline.topics[0], [b"{not json"], partition=0)  # quarantined: never published
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 300, seed=66)
+    listener = StatsdListener()
+    try:
+        before = time.time()
+        run_cli("run", "--pipeline", pipeline.name, env=listener.env())
+        after = time.time()
+        points = listener.received()
+    finally:
+        listener.close()
+    tags = {"pipeline": pipeline.name, "kind": "batch"}
+    in_topic = sum(1 for _ in committed_messages(kafka_config(), output))
+    assert _one(points, "kafka_batch.batch.messages_published", **tags, topic=output) == in_topic == 300
+    assert 0 < _one(points, "kafka_batch.batch.duration", **tags, phase="publish") < (after - before) * 1000
 
 
 def test_status_check_fails_over_the_alerts_with_one_line(services):

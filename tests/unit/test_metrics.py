@@ -12,7 +12,8 @@ from kafka_batch.errors import FencedAttempt, InputError
 
 FACTS = {"pipeline": "p", "kind": "batch", "status": "committed", "attempt": 3, "records_read": 90,
          "records_tombstone": 4, "records_invalid": 6, "read_seconds": 2.0, "commit_seconds": 0.5,
-         "execute_seconds": 4.0, "offsets_lost": {("t", 1): 17}}
+         "execute_seconds": 4.0, "offsets_lost": {("t", 1): 17},
+         "published": {"out": {"messages": 94, "seconds": 0.25}, "log": {"messages": 3, "seconds": 0.5}}}
 
 
 def _by_name(points):
@@ -26,8 +27,12 @@ def test_a_committed_batchs_points_come_from_its_ledger_row():
     assert points[("batch.records_quarantined", None)].value == 6
     assert points[("batch.retries", None)].value == 2
     assert points[("batch.records_per_second", None)].value == 50
-    assert {phase: points[("batch.duration", phase)].value for phase in ("read", "commit", "execute")} == {
-        "read": 2000, "commit": 500, "execute": 4000}
+    assert {phase: points[("batch.duration", phase)].value for phase in ("read", "commit", "publish", "execute")} == {
+        "read": 2000, "commit": 500, "publish": 750, "execute": 4000}
+    assert sorted((p.value, p.tags["topic"]) for p in metrics.batch_points(FACTS)
+                  if p.name == "batch.messages_published") == [(3, "log"), (94, "out")]
+    unpublished = _by_name(metrics.batch_points({**FACTS, "published": {}}))
+    assert ("batch.duration", "publish") not in unpublished and ("batch.messages_published", None) not in unpublished
     lost = points[("data_loss.offsets", None)]
     assert (lost.value, dict(lost.tags)) == (17, {"pipeline": "p", "topic": "t", "partition": "1"})
     assert all(p.tags["pipeline"] == "p" for p in points.values())

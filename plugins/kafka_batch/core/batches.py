@@ -247,6 +247,11 @@ def finish(cur, batch: Batch, new: BatchStatus, counts: dict, read_tasks: int | 
     )
 
 
+def record_published(cur, batch_id: int, published: dict[str, dict]) -> None:
+    """Inside the commit, after its Kafka sinks published: per topic the messages and seconds, for metrics."""
+    cur.execute("UPDATE kafka_batch.batches SET published = %s WHERE id = %s", (json.dumps(published), batch_id))
+
+
 
 def pending_recompute(cur, pipeline_name: str, dag_id: str | None, prefix: str) -> tuple[int, int | None]:
     """Replays whose run id starts with `prefix`: how many, and the newest one still runnable."""

@@ -124,8 +124,13 @@ def commit_batch(
             if kafka_config is None:
                 raise StateError(f"batch {batch_id}: the pipeline publishes and no Kafka connection was given")
             pending = batches.may_commit(cur, pipeline.name)  # this batch shows as committed already
+            published = {}
             for sink in pipeline.publishing_sinks:
-                sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config, pending, registry_config)
+                publishing = time.monotonic()
+                messages = sink.publish(cur, outputs[sink.kind].result, batch, attempt, kafka_config, pending,
+                                        registry_config)
+                published[sink.topic] = {"messages": messages, "seconds": round(time.monotonic() - publishing, 3)}
+            batches.record_published(cur, batch.id, published)
     return CommitResult(batch_id, False, sum(c.records for c in counts.values()), sum(rows.values()))
 
 

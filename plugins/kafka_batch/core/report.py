@@ -53,19 +53,20 @@ def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict
 
 def batch_facts(conn, batch_id: int) -> dict:
     """What the ledger says of one batch, for its metrics (kafka_batch.metrics.batch_points): counts,
-    attempts, phases' seconds and the offsets it recorded as lost, per partition."""
+    attempts, phases' seconds, what it published per topic and the offsets it recorded as lost, per partition."""
     with transaction(conn) as cur:
         cur.execute(
             "SELECT pipeline, kind, status, attempt, records_read, records_tombstone, records_invalid, read_seconds,"
-            " commit_seconds, extract(epoch FROM committed_at - started_at)::float"
+            " commit_seconds, extract(epoch FROM committed_at - started_at)::float, published"
             " FROM kafka_batch.batches WHERE id = %s", (batch_id,))
         row = cur.fetchone()
         cur.execute("SELECT topic, partition, sum(lost_until - lost_from) FROM kafka_batch.data_loss"
                     " WHERE batch_id = %s GROUP BY topic, partition", (batch_id,))
         lost = {(t, p): int(n) for t, p, n in cur.fetchall()}
     names = ("pipeline", "kind", "status", "attempt", "records_read", "records_tombstone", "records_invalid",
-             "read_seconds", "commit_seconds", "execute_seconds")
-    return {**dict(zip(names, row, strict=True)), "offsets_lost": lost}
+             "read_seconds", "commit_seconds", "execute_seconds", "published")
+    facts = dict(zip(names, row, strict=True))
+    return {**facts, "published": facts["published"] or {}, "offsets_lost": lost}
 
 
 def batch_lineage(conn, batch_id: int, tables: tuple[str, ...]) -> tuple[batches.Batch, dict[str, int], dict]:
