@@ -110,10 +110,10 @@ def batch_points(facts: Mapping) -> list[Point]:
         _point("batch.records_quarantined", invalid, **tags),
     ]
     published = facts.get("published") or {}
-    points += [_point("batch.messages_published", topic["messages"], **tags, topic=name)
-               for name, topic in published.items()]
+    points += [_point("batch.messages_published", sent["messages"], **tags, topic=topic)
+               for topic, sent in published.items()]
     phases = {"read": facts["read_seconds"], "commit": facts["commit_seconds"], "execute": facts["execute_seconds"],
-              "publish": sum(topic["seconds"] for topic in published.values()) if published else None}
+              "publish": sum(sent["seconds"] for sent in published.values()) if published else None}
     points += [_point("batch.duration", seconds * 1000, **tags, phase=phase)
                for phase, seconds in phases.items() if seconds is not None]
     if facts["read_seconds"]:
