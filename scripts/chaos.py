@@ -86,6 +86,17 @@ def kafka_bootstrap() -> str:
     return json.loads(os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"]
 
 
+def broker_group() -> int:
+    """The process group of the broker behind the local front (noida-db's launcher and its server): the
+    process listening on the port the front relays to, as the front's command line names it."""
+    def listening(port: int) -> psutil.Process:
+        [pid] = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        return psutil.Process(pid)
+
+    front = listening(int(kafka_bootstrap().rsplit(":", 1)[1])).cmdline()
+    return os.getpgid(listening(int(front[front.index("--broker-port") + 1])).pid)
+
+
 def pg_params() -> dict:
     conn = json.loads(os.environ["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
     return {"host": conn["host"], "port": conn["port"], "user": conn.get("login"), "dbname": conn["schema"],
@@ -461,18 +472,45 @@ def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> b
     return any(stable[p] < end[p] for p in partitions)
 
 
-def stop_while_publishing(output: str, proc: subprocess.Popen, timeout: float = 240) -> bool:
-    """SIGSTOP the run's process group while the Kafka sink's transaction is open on `output` (seen
-    again after the stop, so the fault lands inside the transaction); False if the run ended first."""
+def stop_before_publish(pipeline: str, run_id: str, aggregate: str, proc: subprocess.Popen) -> bool:
+    """Stop the run's process group in its commit, before the publish (which comes last): held at a gate
+    on the aggregate table, stopped, the gate opened. False if the run ended first."""
+    gate = LockGate(aggregate)
+    try:
+        if not wait_for("commit", pipeline, run_id, proc, gate=gate):
+            return False
+        os.killpg(proc.pid, signal.SIGSTOP)
+        return True
+    finally:
+        gate.open()
+
+
+def step_into_transaction(output: str, proc: subprocess.Popen, slice_s: float = 0.001, timeout: float = 120) -> bool:
+    """The stopped group and the broker take turns: the group runs for `slice_s` while the broker is
+    stopped, then the broker runs (the group stopped) and answers what the group sent, and the output topic
+    is asked whether the Kafka sink's transaction is open on it. A transaction's records are appended in a
+    broker's turn and its commit can be asked for only in a later turn of the group (after their
+    acknowledgements), so an open transaction is seen however short it is. True: open, the group stopped;
+    False: the run ended without one, the group continuing."""
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
     partitions = sorted(admin.list_topics(output, timeout=30).topics[output].partitions)
+    broker = broker_group()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if open_transaction(admin, output, partitions):
-            os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
             if open_transaction(admin, output, partitions):
                 return True
-            os.killpg(proc.pid, signal.SIGCONT)  # it committed meanwhile: wait for the next one
+            os.killpg(broker, signal.SIGSTOP)
+            try:
+                os.killpg(proc.pid, signal.SIGCONT)
+                time.sleep(slice_s)
+                os.killpg(proc.pid, signal.SIGSTOP)
+            finally:
+                os.killpg(broker, signal.SIGCONT)
+            time.sleep(0.005)  # the broker's turn: it answers what the group sent before it is asked
+        os.killpg(proc.pid, signal.SIGCONT)
+    except ProcessLookupError:  # it ended during its turn
+        pass
     return False
 
 
@@ -590,6 +628,13 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
             gate.open()
             sql(f"DROP TRIGGER {gate.table.split('.')[1]} ON kafka_batch.batches")
         proc.wait()
+    elif name == "kill-producing":  # SIGKILL inside the Kafka sink's transaction, its messages produced
+        proc = start_run(pipeline, run_id, env)
+        if stop_before_publish(pipeline, run_id, tables["aggregate"], proc) and step_into_transaction(
+                tables["kafka"], proc):
+            kill_group(proc)
+            landed["producing"] += 1
+        proc.wait()
     elif name.startswith("kill-"):
         phase = name.removeprefix("kill-")
         gate = LockGate(tables["aggregate"]) if phase == "commit" else None
@@ -656,7 +701,8 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         landed["between"] += 1
     elif name == "broker-restart-publishing":  # the broker restarted while the Kafka sink's transaction is open
         proc = start_run(pipeline, run_id, env)
-        if stop_while_publishing(tables["kafka"], proc):
+        if stop_before_publish(pipeline, run_id, tables["aggregate"], proc) and step_into_transaction(
+                tables["kafka"], proc):
             try:
                 local_stack.restart("kafka")
                 landed["publishing"] += 1
@@ -726,8 +772,8 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
     return float("inf")
 
 
-SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-published", "kill-after-commit", "zombie",
-             "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart",
+SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-producing", "kill-published", "kill-after-commit",
+             "zombie", "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart",
              "task-retry", "retention-skip", "retention-fail", "kill-reading:avro"]
 # Not among the defaults: `broker-restart-publishing` restarts the broker while the Kafka sink's transaction
 # is open (the run stopped with SIGSTOP meanwhile). The embedded broker fails it, not the pipeline: noida-db
