@@ -492,13 +492,15 @@ def step_into_transaction(output: str, proc: subprocess.Popen, slice_s: float = 
     broker's turn and its commit can be asked for only in a later turn of the group (after their
     acknowledgements), so an open transaction is seen however short it is. True: open, the group stopped;
     False: the run ended without one, the group continuing."""
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-    partitions = sorted(admin.list_topics(output, timeout=30).topics[output].partitions)
-    broker = broker_group()
-    deadline = time.monotonic() + timeout
+    opened = False
     try:
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
+        partitions = sorted(admin.list_topics(output, timeout=30).topics[output].partitions)
+        broker = broker_group()
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if open_transaction(admin, output, partitions):
+                opened = True
                 return True
             os.killpg(broker, signal.SIGSTOP)
             try:
@@ -508,10 +510,19 @@ def step_into_transaction(output: str, proc: subprocess.Popen, slice_s: float = 
             finally:
                 os.killpg(broker, signal.SIGCONT)
             time.sleep(0.005)  # the broker's turn: it answers what the group sent before it is asked
-        os.killpg(proc.pid, signal.SIGCONT)
     except ProcessLookupError:  # it ended during its turn
         pass
+    finally:
+        if not opened:
+            resume(proc)  # never left stopped, whatever went wrong here
     return False
+
+
+def resume(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -707,7 +718,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
                 local_stack.restart("kafka")
                 landed["publishing"] += 1
             finally:
-                os.killpg(proc.pid, signal.SIGCONT)
+                resume(proc)
         proc.wait()
     elif name == "task-retry":  # a Python worker dies mid-task; Spark retries the task (local[2,4])
         phase = rng.choice(["reading", "staging"])  # a read task, or a task COPYing the rows sink's stage
