@@ -459,17 +459,28 @@ def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, tim
     return False
 
 
-def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> bool:
-    """Some partition of the topic has a last stable offset below its end: a transaction is open on it."""
+def end_offsets(admin: AdminClient, topic: str, partitions, committed: bool = True) -> dict[int, int]:
+    """Per partition, where a reader ends: the last stable offset (`committed`), else the high watermark."""
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec
 
-    def ends(level) -> dict:
-        asked = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
-        return {tp.partition: f.result().offset for tp, f in admin.list_offsets(asked, isolation_level=level).items()}
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                 isolation_level=level, request_timeout=30)
+    return {tp.partition: f.result().offset for tp, f in futures.items()}
 
-    stable, end = ends(IsolationLevel.READ_COMMITTED), ends(IsolationLevel.READ_UNCOMMITTED)
+
+def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> bool:
+    """Some partition of the topic has a last stable offset below its end: a transaction is open on it."""
+    stable, end = end_offsets(admin, topic, partitions), end_offsets(admin, topic, partitions, committed=False)
     return any(stable[p] < end[p] for p in partitions)
+
+
+def stop_inside_publish(pipeline: str, run_id: str, tables: dict[str, str], proc: subprocess.Popen) -> bool:
+    """The run's process group stopped while the Kafka sink's transaction is open on its topic (the
+    two steps below); False if the run never got there, its group continuing."""
+    return (stop_before_publish(pipeline, run_id, tables["aggregate"], proc)
+            and step_into_transaction(tables["kafka"], proc))
 
 
 def stop_before_publish(pipeline: str, run_id: str, aggregate: str, proc: subprocess.Popen) -> bool:
@@ -641,8 +652,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         proc.wait()
     elif name == "kill-producing":  # SIGKILL inside the Kafka sink's transaction, its messages produced
         proc = start_run(pipeline, run_id, env)
-        if stop_before_publish(pipeline, run_id, tables["aggregate"], proc) and step_into_transaction(
-                tables["kafka"], proc):
+        if stop_inside_publish(pipeline, run_id, tables, proc):
             kill_group(proc)
             landed["producing"] += 1
         proc.wait()
@@ -712,8 +722,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         landed["between"] += 1
     elif name == "broker-restart-publishing":  # the broker restarted while the Kafka sink's transaction is open
         proc = start_run(pipeline, run_id, env)
-        if stop_before_publish(pipeline, run_id, tables["aggregate"], proc) and step_into_transaction(
-                tables["kafka"], proc):
+        if stop_inside_publish(pipeline, run_id, tables, proc):
             try:
                 local_stack.restart("kafka")
                 landed["publishing"] += 1
@@ -760,14 +769,8 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
 
 def lag(pipeline: str, topic: str) -> int:
     """Last stable offsets (asked here, not through the pipeline's code) minus the stored positions."""
-    from confluent_kafka import IsolationLevel
-    from confluent_kafka.admin import OffsetSpec
-
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
-    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-                                 isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-    ends = {tp.partition: f.result().offset for tp, f in futures.items()}
+    ends = end_offsets(admin, topic, admin.list_topics(topic, timeout=30).topics[topic].partitions)
     positions = {p: o for p, o in sql("SELECT partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s",
                                       pipeline)}
     return sum(end - positions.get(p, 0) for p, end in ends.items())

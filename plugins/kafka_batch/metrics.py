@@ -109,7 +109,7 @@ def batch_points(facts: Mapping) -> list[Point]:
         _point("batch.records_committed", valid + tombstones, **tags),
         _point("batch.records_quarantined", invalid, **tags),
     ]
-    published = facts.get("published") or {}
+    published = facts["published"]
     points += [_point("batch.messages_published", sent["messages"], **tags, topic=topic)
                for topic, sent in published.items()]
     phases = {"read": facts["read_seconds"], "commit": facts["commit_seconds"], "execute": facts["execute_seconds"],
