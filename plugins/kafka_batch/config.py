@@ -36,7 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
-from kafka_batch.model import Identifier, Model, PositiveInt, PositiveNumber, TopicName, invalid
+from kafka_batch.model import DescribedSchema, Identifier, Model, PositiveInt, PositiveNumber, TopicName, invalid
 from kafka_batch.sinks import SINKS, Sink
 
 if TYPE_CHECKING:
@@ -565,7 +565,8 @@ class Pipeline(Model):
 
 def schema() -> dict:
     """The JSON Schema of a pipeline file (`kafka-batch schema`; editors complete and check with it)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **Pipeline.model_json_schema(by_alias=True)}
+    described = Pipeline.model_json_schema(by_alias=True, schema_generator=DescribedSchema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **described}
 
 
 def parse_pipeline(raw: Any, source: str = "<memory>") -> Pipeline:

@@ -8,10 +8,15 @@ a misspelled setting silently left at its default is the worst kind of mistake.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 import re
+import textwrap
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
+from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError
 
 from kafka_batch.errors import InputError
@@ -21,9 +26,9 @@ IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 class Model(BaseModel):
     """A section of a definition: immutable, unknown keys refused (naming the known ones), numbers
-    strict (`"5"` or `true` is not a count), field docstrings as the schema's descriptions."""
+    strict (`"5"` or `true` is not a count), field docstrings as the schema's descriptions (DescribedSchema)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, populate_by_name=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -35,6 +40,41 @@ class Model(BaseModel):
                 raise PydanticCustomError("unknown_keys", "unknown key(s) {unknown}; known: {known}",
                                           {"unknown": unknown, "known": sorted(known)})
         return data
+
+
+class DescribedSchema(GenerateJsonSchema):
+    """The JSON Schema with each field's docstring (the string under it) as its description.
+
+    Read from the classes' source only when a schema is made: pydantic's `use_attribute_docstrings`
+    parses every model's source as the class is created, 0.2 s of each process that loads a definition
+    (every CLI command and every Airflow task). A description given in `Field` wins."""
+
+    def model_schema(self, schema):
+        json_schema = super().model_schema(schema)
+        docs = field_docstrings(schema["cls"])
+        properties = json_schema.get("properties", {})
+        for name, field in schema["cls"].model_fields.items():
+            described = properties.get(field.alias or name)
+            if described is not None and name in docs and "description" not in described:
+                described["description"] = docs[name]
+        return json_schema
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """{field: docstring} of a class and its bases: a string right under an annotated field."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:cls.__mro__.index(BaseModel)]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # a built-in or generated class: no source
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for field, below in itertools.pairwise(body):
+            if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                    and isinstance(below, ast.Expr) and isinstance(below.value, ast.Constant)
+                    and isinstance(below.value.value, str)):
+                docs[field.target.id] = inspect.cleandoc(below.value.value)
+    return docs
 
 
 def _identifier(value: str) -> str:

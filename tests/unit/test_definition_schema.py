@@ -34,6 +34,24 @@ def test_the_committed_schema_and_reference_are_the_models(tmp_path):
     assert (PROJECT_ROOT / "docs" / "configuration.md").read_text() == reference.markdown(), "stale: run `make schema`"
 
 
+def test_every_field_is_described_by_its_docstring():
+    """The descriptions come from the models' source when the schema is made (model.DescribedSchema), not
+    at class creation: every field has one, its own or its section's."""
+    full = schema()
+    defs = full["$defs"]
+
+    def resolved(node: dict) -> dict:
+        return defs[node["$ref"].rsplit("/", 1)[-1]] if "$ref" in node else node
+
+    undescribed = [f"{name}.{field}" for name, model in [("Pipeline", full), *defs.items()]
+                   for field, node in model.get("properties", {}).items()
+                   if "description" not in node and "description" not in resolved(node)]
+    assert undescribed == []
+    assert full["properties"]["read"]["description"] == "How the read tasks and the planner talk to Kafka."
+    assert defs["Limits"]["properties"]["max_value_bytes"]["description"] == (
+        "A record value larger than this is invalid (quarantined).")
+
+
 def test_kafka_batch_schema_prints_it():
     cli = Path(sys.executable).parent / "kafka-batch"
     printed = subprocess.run([str(cli), "schema"], capture_output=True, text=True, check=True).stdout
