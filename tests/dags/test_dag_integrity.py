@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -184,3 +185,22 @@ def test_a_broken_pipeline_file_costs_only_its_own_pipeline(tmp_path, monkeypatc
         load_pipeline("other", tmp_path)  # its own file's error, as it is
     with pytest.raises(Exception, match=r"(?s)unknown pipeline .nope.*invalid file .*unknown.yaml"):
         load_pipeline("nope", tmp_path)
+
+
+def test_parsing_json_pipelines_imports_no_data_library(tmp_path):
+    """Every Airflow task parses the DAG file before it runs (Airflow 3): plan, has_work and report need
+    neither Arrow nor pandas nor a binary format's library, so loading JSON pipelines imports none of
+    them (pyarrow and numpy alone cost a task 0.15 s). Avro and Protobuf definitions need pyarrow to be
+    checked."""
+    import subprocess
+    import sys
+
+    for name in ("page_views.yaml", "page_view_log.yaml", "customers.yaml"):
+        (tmp_path / name).write_text((PROJECT_ROOT / "pipelines" / name).read_text())
+    heavy = ("pyarrow", "numpy", "pandas", "pyspark", "fastavro", "google.protobuf", "pgpq")
+    probe = (f"import runpy, sys; runpy.run_path({str(PROJECT_ROOT / 'dags' / 'kafka_batch_pipelines.py')!r});"
+             "import kafka_batch.core.planning, kafka_batch.core.report;"
+             f"print([m for m in {heavy!r} if m in sys.modules])")
+    env = {**os.environ, "KAFKA_BATCH_PIPELINES_DIR": str(tmp_path)}
+    found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert found.stdout.strip().splitlines()[-1] == "[]"

@@ -10,9 +10,8 @@ the table grows with the keys and the horizon, not with every batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg2 import sql
 from pydantic import model_validator
 
@@ -35,6 +34,9 @@ from kafka_batch.sinks.base import (
     require_columns,
     same,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA = "kafka_batch"
 BASE_RANGE = 0  # the contributions of every folded range, per key (range ids start at 1)
@@ -137,6 +139,7 @@ class AggregateSink(TableSink):
     def _check(self, rows: pa.Table) -> bool:
         """What a key would check row by row, once for the whole result sorted by key and range: one row
         per (range, key). Returns whether some key has rows in several ranges (its sums need adding up)."""
+        import pyarrow.compute as pc
         if rows.num_rows < 2:
             return False
         following = [pc.equal(rows[c].slice(1), rows[c].slice(0, rows.num_rows - 1)) for c in self.keys]
@@ -158,6 +161,7 @@ class AggregateSink(TableSink):
         has no statistics on rows this transaction added, so it estimates few and probes the totals'
         primary key per key (right for a large table); a small table it hashes instead.
         """
+        import pyarrow.compute as pc
         if result.num_rows == 0:
             return 0
         keys, measures = self.keys, self.measure_names
@@ -261,4 +265,5 @@ class AggregateSink(TableSink):
 
 def contributions(result: pa.Table, columns: list[str]) -> pa.Table:
     """The rows that are contributions: groups of tombstones only add nothing."""
+    import pyarrow.compute as pc
     return result.filter(pc.greater(result["records"], 0)).select(["range_id", *columns])

@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-import pyarrow as pa
-from pgpq import ArrowToPostgresBinaryEncoder
 from psycopg2 import sql
 from pydantic import AfterValidator, BeforeValidator, Field
 
@@ -28,6 +26,7 @@ from kafka_batch.model import Expression, Identifier, Model
 from kafka_batch.ranges import OffsetRange
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 # Spark SQL type for each Postgres column type a sink may declare.
@@ -153,6 +152,8 @@ def copy_arrow(cur, table: sql.Composable, data: pa.Table | pa.RecordBatch) -> N
     """COPY Arrow rows into a table (columns by name) in Postgres's binary format, encoded from the
     columns as they are (pgpq): three times faster than CSV, and nulls, '' and floats stay exact.
     Each Arrow type must be the column's (int64 for bigint, int32 for integer, ...), as Spark's are."""
+    import pyarrow as pa
+    from pgpq import ArrowToPostgresBinaryEncoder
     encoder = ArrowToPostgresBinaryEncoder(data.schema)
     buffer = io.BytesIO()
     buffer.write(encoder.write_header())

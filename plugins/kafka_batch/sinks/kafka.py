@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import model_validator
 
 from kafka_batch.errors import InputError
@@ -32,6 +30,9 @@ from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, changelog
 from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink, range_counts
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
 PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
@@ -139,6 +140,7 @@ class KafkaSink(Sink):
         """Rows: one Spark pass, per record its key and JSON value (null for tombstones and invalid
         records, which are counted, never published), then to the driver in the input's order. A
         changelog computes nothing: its messages come from the table, in the commit."""
+        import pyarrow.compute as pc
         if self.changelog_of is not None:
             return SinkOutput(None, None)
         from pyspark.sql import functions as F
@@ -202,6 +204,8 @@ class KafkaSink(Sink):
 
 def _counts(table: pa.Table) -> dict[int, RangeCounts]:
     """Per range, from each message's flags (base.range_counts sums them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     invalid, tombstones = table["_invalid"], table["_tombstone"]
     return range_counts(pa.table({
         "range_id": table["range_id"],

@@ -8,9 +8,8 @@ rewind are exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg2 import sql
 from pydantic import model_validator
 
@@ -18,6 +17,9 @@ from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, staging
 from kafka_batch.sinks.base import SinkOutput, StageContext, TableSink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 KEY = ("kafka_topic", "kafka_partition", "kafka_offset")
 _KEY_TYPES = (("kafka_topic", "text"), ("kafka_partition", "integer"), ("kafka_offset", "bigint"))
@@ -139,6 +141,7 @@ class RowsSink(TableSink):
 
 def rows_to_stage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Table]:
     """A task's rows to stage (the records that are neither tombstones nor invalid) and their counts."""
+    import pyarrow.compute as pc
     records = pc.invert(pc.or_(batch.column("_tombstone"), batch.column("_invalid")))
     counts = staging.per_range(batch.column("range_id"), records, batch.column("_tombstone"), batch.column("_invalid"))
     return batch.filter(records), counts

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg2 import sql
 
 from kafka_batch.sinks.base import RangeCounts, copy_arrow, same
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STAGE_SCHEMA = "kafka_batch_stage"
 COUNTS = ("records", "tombstones", "invalid")
@@ -64,7 +66,7 @@ def staged(name: str) -> sql.Composable:
     return sql.Identifier(STAGE_SCHEMA, name)
 
 
-Split = Callable[[pa.RecordBatch], tuple[pa.RecordBatch, pa.Table]]
+Split = Callable[["pa.RecordBatch"], tuple["pa.RecordBatch", "pa.Table"]]
 
 
 def stage_task(postgres: dict, table: str, key: Sequence[str], columns: Sequence[str], split: Split):
@@ -74,6 +76,7 @@ def stage_task(postgres: dict, table: str, key: Sequence[str], columns: Sequence
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import psycopg2
+        import pyarrow as pa
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -113,6 +116,7 @@ def stage_task(postgres: dict, table: str, key: Sequence[str], columns: Sequence
 
 
 def _per_range(range_ids: pa.Array) -> list[tuple[int, int]]:
+    import pyarrow.compute as pc
     counted = pc.value_counts(range_ids)
     return list(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True))
 
@@ -128,6 +132,7 @@ def reported(report: pa.Table, stage: str) -> tuple[dict[int, RangeCounts], Stag
 def per_range(range_ids: pa.Array, records: pa.Array, tombstones: pa.Array, invalid: pa.Array) -> pa.Table:
     """Counts summed per range (the counts `split` returns): from masks (booleans count as 1) or from
     rows that carry counts."""
+    import pyarrow as pa
     table = pa.table({"range_id": range_ids, **{c: a.cast(pa.int64()) for c, a in zip(
         COUNTS, (records, tombstones, invalid), strict=True)}})
     summed = table.group_by("range_id").aggregate([(c, "sum") for c in COUNTS])

@@ -21,10 +21,8 @@ every batch. Within a batch Spark keeps the latest record per (range, key); exec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg2 import sql
 from pydantic import Field, model_validator
 
@@ -45,6 +43,9 @@ from kafka_batch.sinks.base import (
     require_columns,
     same,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA = "kafka_batch"
 BASE_RANGE = 0  # the latest rows of every folded range, per key (range ids start at 1)
@@ -328,5 +329,6 @@ class UpsertSink(TableSink):
 
 def latest_to_stage(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Table]:
     """A task's (range, key) groups: those with a latest record are staged; every group's counts count."""
+    import pyarrow.compute as pc
     counts = staging.per_range(batch.column("range_id"), *(batch.column(c) for c in staging.COUNTS))
     return batch.filter(pc.is_valid(batch.column("deleted"))), counts
