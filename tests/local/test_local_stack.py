@@ -127,3 +127,32 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
             os.kill(postmaster, signal.SIGCONT)
         local_stack.down(base)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_broker_data_file_cut_short_is_said_with_what_to_do(tmp_path):
+    """noida-db rewrites its one data file after writes; killed meanwhile, it leaves the file cut short and
+    then refuses to start. `up` says so in one line naming the directory and `make clean`."""
+    from confluent_kafka import Producer
+
+    state: dict = {}
+    try:
+        local_stack.start_kafka(tmp_path, state)
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{state['kafka_port']}"})
+        producer.produce("cut_short", b"a record")
+        assert producer.flush(30) == 0
+        data = tmp_path / "kafka" / "kafka.json"
+        deadline = time.monotonic() + 30
+        while b"cut_short" not in (data.read_bytes() if data.exists() else b"") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        local_stack.stop_kafka(state)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    state = {}
+    try:
+        with pytest.raises(RuntimeError) as raised:
+            local_stack.start_kafka(tmp_path, state)
+    finally:
+        local_stack.stop_kafka(state)
+    said = str(raised.value)
+    assert f"cannot read its data file back ({tmp_path / 'kafka'})" in said and "`make clean`" in said
+    assert "\n" not in said

@@ -147,3 +147,13 @@ def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_
     local_stack.down(base)
 
     assert not gone(proc.pid) and not gone(child)
+
+
+def test_up_says_a_failure_in_one_line_without_a_traceback(monkeypatch, capsys):
+    def failing(spark_connect):
+        raise RuntimeError("the Kafka broker cannot read its data file back (/x/kafka): `make clean`")
+
+    monkeypatch.setattr(local_stack, "up", failing)
+    assert local_stack.main(["up"]) == 1
+    assert capsys.readouterr().err == ("kafka-batch local up: error: the Kafka broker cannot read its data file back"
+                                       " (/x/kafka): `make clean`\n")

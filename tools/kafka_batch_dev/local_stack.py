@@ -334,6 +334,8 @@ def _kafka_command(port: int, data_dir: Path) -> list[str]:
 
 
 KAFKA = "the Kafka broker"
+# What noida-db says when its data file was cut short (it rewrites the file after writes; see BROKER.md).
+DAMAGED_DATA = "failed to parse kafka snapshot"
 KAFKA_FRONT = "the Kafka broker's front"
 
 
@@ -342,7 +344,18 @@ def start_kafka(base: Path, state: dict) -> None:
     whose fetch answers are Apache Kafka's; the noida-db launcher is a Python process that runs the
     server as its child, so `down` signals the group."""
     broker_port = state.get("kafka_broker_port") or free_port()
-    _start_service(base, state, "kafka_broker", KAFKA, _kafka_command(broker_port, base / "kafka"), broker_port)
+    log = base / "kafka-broker.log"
+    start = log.stat().st_size if log.exists() else 0
+    try:
+        _start_service(base, state, "kafka_broker", KAFKA, _kafka_command(broker_port, base / "kafka"), broker_port)
+    except RuntimeError:
+        damaged = DAMAGED_DATA in log.read_text(errors="replace")[start:] if log.exists() else False
+        if damaged:
+            raise RuntimeError(f"the Kafka broker cannot read its data file back ({base / 'kafka'}): noida-db was"
+                               " stopped while rewriting it, and its topics are lost. `make clean` (or removing that"
+                               " directory) and `make up` start the broker empty; see the end of its log,"
+                               f" {log}") from None
+        raise
     port = state.get("kafka_port") or free_port()
     command = [sys.executable, "-m", "kafka_batch_dev.kafka_front", "--port", str(port),
                "--broker-port", str(broker_port)]
@@ -765,6 +778,19 @@ def describe(env: dict[str, str]) -> str:
     ])
 
 
+def _up(args: argparse.Namespace) -> None:
+    env = up(spark_connect=not args.no_spark_connect)
+    print(describe(env))
+    if args.airflow:
+        base = home()
+        url = start_airflow(base, read_state(base))
+        user, password = airflow_login(base)
+        print(f"Airflow UI      : {url} (user {user}, password {password}; "
+              f"kept in {base / 'airflow' / 'passwords.json'})\n"
+              f"Console page    : {url}plugin/kafka-batch (Browse > Kafka batches; bare page: {url}kafka-batch/)\n"
+              f"Airflow logs    : {base}/airflow-<component>.log; `make down` stops everything")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kafka-batch local", description="Embedded local services.")
     parser.add_argument("action", choices=["up", "down", "env"])
@@ -776,16 +802,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if args.action == "up":
-        env = up(spark_connect=not args.no_spark_connect)
-        print(describe(env))
-        if args.airflow:
-            base = home()
-            url = start_airflow(base, read_state(base))
-            user, password = airflow_login(base)
-            print(f"Airflow UI      : {url} (user {user}, password {password}; "
-                  f"kept in {base / 'airflow' / 'passwords.json'})\n"
-                  f"Console page    : {url}plugin/kafka-batch (Browse > Kafka batches; bare page: {url}kafka-batch/)\n"
-                  f"Airflow logs    : {base}/airflow-<component>.log; `make down` stops everything")
+        try:
+            _up(args)
+        except RuntimeError as exc:  # each says what failed and what to do; `make down` stops what did start
+            print(f"kafka-batch local up: error: {exc}", file=sys.stderr)
+            return 1
     elif args.action == "down":
         try:
             down()
