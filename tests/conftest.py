@@ -141,11 +141,11 @@ def pytest_xdist_make_scheduler(config, log):
 # the other at the end. Files not listed follow in their usual order.
 LONGEST_FIRST = (
     "tests/airflow/",  # 380 s: the DAG runs and the console, one after the other on one worker
+    "tests/integration/test_chaos.py",  # 170-200 s
     "tests/integration/test_operations.py",  # 130 s
     "tests/integration/test_end_to_end.py",  # 120 s
     "tests/integration/test_upsert.py",  # 130 s
     "tests/integration/test_standalone.py",  # 90 s
-    "tests/integration/test_chaos.py",  # 85 s
     "tests/integration/test_avro.py",  # 75 s
     "tests/integration/test_protobuf.py",  # 35 s
     "tests/integration/test_kafka_credentials.py",
