@@ -272,7 +272,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder)
     read, schemas = _observe_schema_ids(read, pipeline)
     records = parse_records(read, pipeline)
-    if sum(sink.reads_records for sink in pipeline.sinks) > 1:
+    shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
+    if shared:
         records = records.persist()  # every sink computes from one read of the topic
     stage = StageContext(batch.id, attempt, postgres)
     spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
@@ -303,7 +304,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             raise
         finally:
             spark.removeTag(batch_tag(batch.id))
-            records.unpersist()
+            if shared:  # under Spark Connect an unpersist is a round trip to the server
+                records.unpersist()
             progress.close()
     return outputs, read_tasks, quarantined, schema_ids
 
