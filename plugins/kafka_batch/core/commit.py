@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from kafka_batch.config import Pipeline
 from kafka_batch.core import attempts, batches, data_loss, ledger, positions, quarantine
@@ -22,6 +21,9 @@ from kafka_batch.core.state import BatchStatus
 from kafka_batch.errors import StateError
 from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.base import RangeCounts, SinkOutput, TableSink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import io
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def keep(cur, pipeline_name: str, batch_id: int, records: pa.Table) -> int:
