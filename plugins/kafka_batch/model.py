@@ -46,8 +46,8 @@ class DescribedSchema(GenerateJsonSchema):
     """The JSON Schema with each field's docstring (the string under it) as its description.
 
     Read from the classes' source only when a schema is made: pydantic's `use_attribute_docstrings`
-    parses every model's source as the class is created, 0.2 s of each process that loads a definition
-    (every CLI command and every Airflow task). A description given in `Field` wins."""
+    parses every model's source as the class is created, 0.1-0.2 s of each process that loads a
+    definition (every CLI command and every Airflow task). A description given in `Field` wins."""
 
     def model_schema(self, schema):
         json_schema = super().model_schema(schema)

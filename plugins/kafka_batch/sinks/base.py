@@ -25,7 +25,7 @@ from kafka_batch.errors import InputError, StateError
 from kafka_batch.model import Expression, Identifier, Model
 from kafka_batch.ranges import OffsetRange
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
     from pyspark.sql import DataFrame
 

@@ -31,7 +31,7 @@ from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, changelog
 from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink, range_counts
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
 
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)

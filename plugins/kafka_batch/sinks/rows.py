@@ -18,7 +18,7 @@ from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, staging
 from kafka_batch.sinks.base import SinkOutput, StageContext, TableSink
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
 
 KEY = ("kafka_topic", "kafka_partition", "kafka_offset")

@@ -18,7 +18,7 @@ from psycopg2 import sql
 
 from kafka_batch.sinks.base import RangeCounts, copy_arrow, same
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
 
 STAGE_SCHEMA = "kafka_batch_stage"

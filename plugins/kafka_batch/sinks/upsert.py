@@ -44,7 +44,7 @@ from kafka_batch.sinks.base import (
     same,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
 
 SCHEMA = "kafka_batch"
