@@ -14,6 +14,8 @@ produces the data, plans every batch, then measures (each with the load average 
   fixed cost      a 1,000-record batch, with the phases of its timings, against the plain consumer's whole
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
                   killed its Python workers)
+  airflow         the same batch as an Airflow DAG run (Airflow started here on the bench's pipelines, its
+                  scheduler and LocalExecutor): the execute task's duration, and the whole run's
   kafka-sink      the small size's records published to a topic by a pipeline's Kafka sink, against a plain
                   consume-transform-produce loop committing a transaction every 10,000 records
   metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
@@ -55,6 +57,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -950,6 +954,79 @@ def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
+def _airflow_call(url: str, token: str | None, method: str, path: str, body: dict | None = None) -> dict:
+    """One call of Airflow's REST API (api/v2), its JSON answer; an error status raises."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def _dag_run(url: str, token: str, dag_id: str, timeout_s: float = 600) -> dict:
+    """Trigger a run of the DAG and wait for its end: {"run": seconds, task id: seconds}."""
+    run = _airflow_call(url, token, "POST", f"api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
+    path = f"api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}"
+    deadline = time.monotonic() + timeout_s
+    while (run := _airflow_call(url, token, "GET", path))["state"] not in ("success", "failed"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{dag_id}: run {run['dag_run_id']} still {run['state']} after {timeout_s:.0f} s")
+        time.sleep(0.5)
+    if run["state"] != "success":
+        raise RuntimeError(f"{dag_id}: run {run['dag_run_id']} failed; see its task logs in the Airflow UI")
+    tasks = _airflow_call(url, token, "GET", f"{path}/taskInstances")["task_instances"]
+    took = {t["task_id"]: round(t["duration"] or 0.0, 2) for t in tasks}
+    started, ended = (datetime.fromisoformat(run[k]) for k in ("start_date", "end_date"))
+    return {"run": round((ended - started).total_seconds(), 2), **took}
+
+
+def measure_airflow(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The fixed cost of a small batch in an Airflow task (target 11's other half): Airflow's scheduler and
+    LocalExecutor run the pipeline's DAG as they run the samples', and the execute task's duration as
+    Airflow records it is measured (the task parses the DAG file, resolves the connections, runs the
+    batch on Spark Connect and commits), with the whole DAG run's (four tasks and the scheduler's turns).
+    Airflow is started here on the bench's pipelines, and stopped at the end."""
+    base = local_stack.home()
+    state = local_stack.read_state(base)
+    if local_stack.airflow_running(state):
+        print("  airflow: skipped, Airflow is running on the samples' pipelines (`make down`, then `make bench`)")
+        return []
+    topic = f"{env.prefix}_airflow"
+    sample_data.ensure_topic(env.kafka, topic, 1)
+    pipeline = env.pipeline("airflow", topic, CONNECT)
+    produced = args.fixed_records
+    sample_data.produce_page_views(env.kafka, topic, produced, seed=6)
+    url = local_stack.start_airflow(base, state, {"KAFKA_BATCH_PIPELINES_DIR": str(env.pipelines)})
+    try:
+        user, password = local_stack.airflow_login(base)
+        token = _airflow_call(url, None, "POST", "auth/token", {"username": user, "password": password})["access_token"]
+        deadline = time.monotonic() + 180
+        while True:  # the DAG processor's first parse of the DAG file
+            try:
+                _airflow_call(url, token, "PATCH", f"api/v2/dags/{pipeline.dag_id}", {"is_paused": False})
+                break
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        _dag_run(url, token, pipeline.dag_id)  # a new package's first batch starts the session's Python workers
+        for n in range(args.repeat):
+            sample_data.produce_page_views(env.kafka, topic, args.fixed_records, seed=60 + n)
+            produced += args.fixed_records
+            settle(idle_pct=30)  # Airflow's own loops keep an idle machine a little busy
+            took = _dag_run(url, token, pipeline.dag_id)
+            row("fixed cost in an Airflow task, Spark Connect", took["execute"], "s", f"the execute task of a DAG run"
+                f" of {args.fixed_records:,} records (Airflow's duration); the run's tasks {took}", tasks=took)
+            row("DAG run of a small batch, Spark Connect", took["run"], "s", f"{args.fixed_records:,} records: plan,"
+                " has_work, execute, report and the scheduler's turns between them", tasks=took)
+    finally:
+        local_stack.stop_airflow(state)
+    best = next(r for r in ROWS if r["name"] == "fixed cost in an Airflow task, Spark Connect")
+    plain = plain_process(env, [(topic, 0, produced - args.fixed_records, produced)],
+                          name="plain consumer process, Airflow task's records")
+    return [("11 same, Airflow's execute task / plain process <= 7", best["value"] / plain["value"], 7, "<=")]
+
+
 class _Collector(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver that takes every export and keeps nothing: a backend that is up."""
 
@@ -1010,7 +1087,8 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
     return [(f"5 commit of {args.commit_rows // 1000}k rows (s) <= 2", commit_s, 2, "<=")]
 
 
-PARTS = {"json": measure_json, "fixed": measure_fixed, "metrics": measure_metrics, "commit": measure_commit,
+PARTS = {"json": measure_json, "fixed": measure_fixed, "airflow": measure_airflow, "metrics": measure_metrics,
+         "commit": measure_commit,
          "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
          "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink}
 

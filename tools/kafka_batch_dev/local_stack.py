@@ -643,6 +643,11 @@ def _airflow_running(state: dict, name: str) -> bool:
     return bool(entry) and _still_running(entry["pid"], entry["started"])
 
 
+def airflow_running(state: dict) -> bool:
+    """Whether any Airflow component `up --airflow` started still runs."""
+    return any(_airflow_running(state, name) for name in AIRFLOW_COMPONENTS)
+
+
 def airflow_login(base: Path | None = None) -> tuple[str, str]:
     """(user, password) of the local Airflow UI."""
     return AIRFLOW_USER, _airflow_secrets((base or home()).resolve())[0]
