@@ -76,3 +76,35 @@ def test_connect_workers_fork_from_the_preloaded_daemon_and_run_the_sessions_pac
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert "-m kafka_batch_daemon.preloaded pyspark.worker" in facts["daemon"], facts
     assert not facts["kafka_batch"].startswith(str(PROJECT_ROOT / "plugins")), facts
+
+
+_UPLOADS = """
+import json
+from pyspark.sql.connect.client.core import SparkConnectClient
+from kafka_batch import connections
+from kafka_batch.spark import connect
+
+uploads = []
+add_artifacts = SparkConnectClient.add_artifacts
+SparkConnectClient.add_artifacts = lambda self, *a, **k: uploads.append(a) or add_artifacts(self, *a, **k)
+counts = []
+for _ in range(2):
+    spark = connect.session(connections.from_environment("spark_connect_default"))
+    counts.append(len(uploads))
+    [row] = spark.range(1).selectExpr("1 AS one").collect()  # the session works
+    marked = spark.conf.get(connect.PACKAGE_ADDED)
+    spark.client.close()
+print(json.dumps({"uploads": counts, "marked": marked, "session": spark.session_id}))
+"""
+
+
+def test_a_batch_uploads_the_package_only_to_a_session_that_lacks_it(services):
+    """The package is added to the shared session by its first batch only (issue 36: no artifact upload
+    per batch when nothing changed); the mark is the session id, which is the package's hash, so a
+    changed package goes to a session of its own (test_connect_workers_fork_... runs the session's copy)."""
+    result = subprocess.run([sys.executable, "-c", _UPLOADS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    first, second = facts["uploads"]
+    assert first <= 1 and second == first, facts  # 1 on a new session, 0 on one an earlier test warmed
+    assert facts["marked"] == facts["session"], facts

@@ -40,6 +40,8 @@ _CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 _SESSION_NAMESPACE = uuid.UUID("5d0f3a8e-7b1c-4c2e-9a6f-2f1f6b0c9e41")
 # Session settings every batch relies on (the server-wide ones, see spark.submit.SPARK_CONF, are the server's).
 SESSION_CONF = {"spark.sql.session.timeZone": "UTC"}
+# Set in the shared session once the package is added to it: later batches skip the upload.
+PACKAGE_ADDED = "kafka_batch.package_added"
 
 
 def uses_connect(spark: ConnectionFields | None) -> bool:
@@ -82,7 +84,8 @@ def connection_url(spark: ConnectionFields) -> str:
 
 
 def session(spark_conn: ConnectionFields):
-    """A session on the connection's server, with the package added (once per session)."""
+    """A session on the connection's server, with the package added (once per session: its first batch
+    uploads it and marks the session; a changed package has another session id, so it takes effect)."""
     from pyspark.sql import SparkSession
 
     conn_id = spark_conn.conn_id
@@ -90,10 +93,12 @@ def session(spark_conn: ConnectionFields):
     _answers(conn_id, url)
     with tempfile.TemporaryDirectory(prefix="kafka_batch_pyfiles_") as directory:
         package = package_zip(Path(directory))
-        shared = f"{url};session_id={session_id(package.read_bytes())}"
+        shared_id = session_id(package.read_bytes())
         try:
-            spark = SparkSession.builder.remote(shared).getOrCreate()
-            _add_package(spark, package)
+            spark = SparkSession.builder.remote(f"{url};session_id={shared_id}").getOrCreate()
+            if spark.conf.get(PACKAGE_ADDED, None) != shared_id:  # once per session: the id is the package's
+                _add_package(spark, package)
+                spark.conf.set(PACKAGE_ADDED, shared_id)
         except Exception as exc:  # noqa: BLE001 - sorted below: a closed session, or no server
             if "SESSION_CLOSED" not in str(exc):
                 raise errors.ServiceError(f"Spark Connect ({conn_id}) did not answer: {' '.join(str(exc).split())}") from None
