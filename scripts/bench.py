@@ -1088,8 +1088,7 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 
 PARTS = {"json": measure_json, "fixed": measure_fixed, "airflow": measure_airflow, "metrics": measure_metrics,
-         "commit": measure_commit,
-         "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
+         "commit": measure_commit, "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
          "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink}
 
 
