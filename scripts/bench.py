@@ -57,8 +57,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -83,6 +81,7 @@ from kafka_batch.spark import jvm_archive
 from kafka_batch.spark.reader import read_task
 from kafka_batch.spark.submit import spark_environment
 from kafka_batch_dev import local_stack, sample_data
+from kafka_batch_dev.airflow_api import Server
 
 ROWS: list[dict] = []
 # The two ways a batch reaches Spark (the pipeline's Spark connection): a long-lived Spark Connect server
@@ -954,27 +953,26 @@ def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
-def _airflow_call(url: str, token: str | None, method: str, path: str, body: dict | None = None) -> dict:
-    """One call of Airflow's REST API (api/v2), its JSON answer; an error status raises."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers=headers, method=method)
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read() or b"{}")
+def _airflow_call(server: Server, token: str, method: str, path: str, body: dict | None = None) -> dict:
+    """One call of Airflow's REST API, its JSON answer; an error status raises, naming it."""
+    status, text = server.call(method, path, body, token=token)
+    if status >= 300:
+        raise RuntimeError(f"Airflow answered {status} to {method} {path}: {text[:300]}")
+    return json.loads(text or "{}")
 
 
-def _dag_run(url: str, token: str, dag_id: str, timeout_s: float = 600) -> dict:
+def _dag_run(server: Server, token: str, dag_id: str, timeout_s: float = 600) -> dict:
     """Trigger a run of the DAG and wait for its end: {"run": seconds, task id: seconds}."""
-    run = _airflow_call(url, token, "POST", f"api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
+    run = _airflow_call(server, token, "POST", f"api/v2/dags/{dag_id}/dagRuns", {"logical_date": None})
     path = f"api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}"
     deadline = time.monotonic() + timeout_s
-    while (run := _airflow_call(url, token, "GET", path))["state"] not in ("success", "failed"):
+    while (run := _airflow_call(server, token, "GET", path))["state"] not in ("success", "failed"):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{dag_id}: run {run['dag_run_id']} still {run['state']} after {timeout_s:.0f} s")
         time.sleep(0.5)
     if run["state"] != "success":
         raise RuntimeError(f"{dag_id}: run {run['dag_run_id']} failed; see its task logs in the Airflow UI")
-    tasks = _airflow_call(url, token, "GET", f"{path}/taskInstances")["task_instances"]
+    tasks = _airflow_call(server, token, "GET", f"{path}/taskInstances")["task_instances"]
     took = {t["task_id"]: round(t["duration"] or 0.0, 2) for t in tasks}
     started, ended = (datetime.fromisoformat(run[k]) for k in ("start_date", "end_date"))
     return {"run": round((ended - started).total_seconds(), 2), **took}
@@ -998,23 +996,21 @@ def measure_airflow(args: argparse.Namespace, env: Env) -> list[tuple]:
     sample_data.produce_page_views(env.kafka, topic, produced, seed=6)
     url = local_stack.start_airflow(base, state, {"KAFKA_BATCH_PIPELINES_DIR": str(env.pipelines)})
     try:
-        user, password = local_stack.airflow_login(base)
-        token = _airflow_call(url, None, "POST", "auth/token", {"username": user, "password": password})["access_token"]
+        server = Server(url, *local_stack.airflow_login(base), base / "airflow-api-server.log")
+        token = server.token()
         deadline = time.monotonic() + 180
-        while True:  # the DAG processor's first parse of the DAG file
-            try:
-                _airflow_call(url, token, "PATCH", f"api/v2/dags/{pipeline.dag_id}", {"is_paused": False})
-                break
-            except urllib.error.HTTPError as exc:
-                if exc.code != 404 or time.monotonic() > deadline:
-                    raise
-                time.sleep(2)
-        _dag_run(url, token, pipeline.dag_id)  # a new package's first batch starts the session's Python workers
+        # The DAG processor's first parse of the DAG file: until then the DAG is not found.
+        while (status := server.call("PATCH", f"api/v2/dags/{pipeline.dag_id}", {"is_paused": False},
+                                     token=token)[0]) == 404 and time.monotonic() < deadline:
+            time.sleep(2)
+        if status >= 300:
+            raise RuntimeError(f"Airflow answered {status} to unpausing {pipeline.dag_id}; see {server.log}")
+        _dag_run(server, token, pipeline.dag_id)  # a new package's first batch starts the session's Python workers
         for n in range(args.repeat):
             sample_data.produce_page_views(env.kafka, topic, args.fixed_records, seed=60 + n)
             produced += args.fixed_records
             settle(idle_pct=30)  # Airflow's own loops keep an idle machine a little busy
-            took = _dag_run(url, token, pipeline.dag_id)
+            took = _dag_run(server, token, pipeline.dag_id)
             row("fixed cost in an Airflow task, Spark Connect", took["execute"], "s", f"the execute task of a DAG run"
                 f" of {args.fixed_records:,} records (Airflow's duration); the run's tasks {took}", tasks=took)
             row("DAG run of a small batch, Spark Connect", took["run"], "s", f"{args.fixed_records:,} records: plan,"
