@@ -4,9 +4,11 @@ front exists). The expectation is what the producers know they committed (their 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -87,7 +89,7 @@ class Producers:
 def read(bootstrap: str, topic: str, partition: int, start: int) -> dict[tuple[int, int], bytes]:
     """Every record a read_committed consumer sees from `start` to the partition's end."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "enable.auto.commit": False})
+                         "enable.partition.eof": True, "enable.auto.commit": False, "fetch.wait.max.ms": 10})
     consumer.assign([TopicPartition(topic, partition, start)])
     found = {}
     try:
@@ -165,3 +167,46 @@ def test_reads_stay_right_after_records_are_deleted_and_after_a_restart(broker):
     for which in list(producers.open):
         producers.end(which, commit=True)
     assert mismatches(address(state, "kafka"), producers, 15) == []
+
+
+def fetch_requests(stats: list[dict]) -> int:
+    """Fetch requests the consumer has sent to the broker, from its latest librdkafka statistics."""
+    return sum(b["req"].get("Fetch", 0) for b in stats[-1]["brokers"].values() if b["nodeid"] >= 0)
+
+
+def test_a_fetch_that_finds_nothing_is_held_as_kafka_holds_it_and_answered_when_records_come(broker):
+    """Apache Kafka holds a fetch up to its max wait for records to arrive; noida-db answers at once,
+    so a consumer at a partition's end asked again thousands of times a second."""
+    state, _ = broker
+    bootstrap = address(state, "kafka")
+    topic = f"front_{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1)])[topic].result()
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, b"first")
+    producer.flush(10)
+    stats: list[dict] = []
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 400, "statistics.interval.ms": 100,
+                         "stats_cb": lambda raw: stats.append(json.loads(raw))})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 1)])  # at the end
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.1) is None
+        # 2 s at the end: about five held fetches (each 0.4 s), not one per round trip.
+        assert 2 <= fetch_requests(stats) <= 10, fetch_requests(stats)
+        # A fetch held for 5 s answers as soon as a record arrives.
+        consumer.close()
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "enable.auto.commit": False,
+                             "fetch.wait.max.ms": 5000})
+        consumer.assign([TopicPartition(topic, 0, 1)])
+        consumer.poll(1.0)  # its first fetch is now held
+        producer.produce(topic, b"second")
+        producer.flush(10)
+        produced = time.monotonic()
+        message = consumer.poll(10)
+        assert message is not None and message.value() == b"second"
+        assert time.monotonic() - produced < 1.5  # not at the end of the 5 s wait
+    finally:
+        consumer.close()

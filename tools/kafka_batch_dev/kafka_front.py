@@ -17,6 +17,13 @@ front relays every request and response unchanged but for three answers:
   and so is the cluster id (noida's with `-front`).
 - ApiVersions: Fetch at most v12 (v13 names topics by id, and noida's ids are all zero).
 
+And it waits as Apache Kafka waits: noida-db answers a fetch that finds nothing at once, where Kafka
+holds it up to the request's `max_wait` for records to arrive (a long poll). A consumer at a
+partition's end then asks again at once, thousands of times a second for as long as it stays
+assigned, and those answers took the CPU of two cores from the reads they came with. The front
+holds such an answer and asks the broker again every FETCH_POLL_S until records arrive or the wait
+is over (FetchWait).
+
 The index lives in memory; it is dropped when the broker closes a connection (a restarted broker may
 have lost unflushed writes, and offsets could then name other records).
 """
@@ -54,6 +61,11 @@ READ_COMMITTED = 1
 # (100 MB and more), and a small buffer would pause and resume the socket every 128 kB of it.
 STREAM_LIMIT = 16 * 1024 * 1024
 OFFSET_OUT_OF_RANGE = 1
+# How often a held fetch asks the broker again: what records that arrive meanwhile wait at most.
+FETCH_POLL_S = 0.02
+# An answer this long holds records (an empty one is a few dozen bytes per partition).
+EMPTY_ANSWER_MAX = 64 * 1024
+NO_FETCH_SESSION = -1  # a fetch outside a session (KIP-227), as librdkafka sends: asking again is harmless
 
 # A v2 record batch header (the Kafka message format): base offset, batch length, leader epoch, magic,
 # crc, attributes, last offset delta, base and max timestamps, producer id and epoch, base sequence, count.
@@ -328,6 +340,67 @@ class PendingRequest:
     api_key: int
     version: int
     fetch_offsets: dict[tuple[str, int], int] | None = None  # a read_committed fetch: where each partition starts
+    wait_s: float = 0.0  # a fetch Kafka would hold this long for records to arrive
+    frame: bytes = b""  # such a fetch, to ask again
+
+
+def _with_correlation(frame: bytes, correlation: int, at: int) -> bytes:
+    return frame[:at] + struct.pack(">i", correlation) + frame[at + 4:]
+
+
+class FetchWait:
+    """Kafka's long poll for one client connection: a fetch that finds nothing is asked again, on a
+    connection of its own, until records (or an error) come or the request's wait is over."""
+
+    def __init__(self, address: tuple[str, int]):
+        self._address = address
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._correlation = 0
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection[1].close()
+            self._connection = None
+
+    async def answer(self, frame: bytes, request: PendingRequest) -> bytes:
+        """The answer to give for `request`, the broker's first `frame` if it is not an empty one."""
+        if not request.wait_s or not _nothing_fetched(frame, request.version):
+            return frame
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.wait_s
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(FETCH_POLL_S, left))
+            try:
+                again = await self._ask(request.frame)
+            except (OSError, asyncio.IncompleteReadError):
+                self.close()
+                break  # the broker's first answer stands; the client's own connection meets the fault
+            frame = _with_correlation(again, struct.unpack_from(">i", frame, 0)[0], 0)
+            if not _nothing_fetched(frame, request.version):
+                break
+        return frame
+
+    async def _ask(self, request_frame: bytes) -> bytes:
+        if self._connection is None:
+            self._connection = await asyncio.open_connection(*self._address, limit=STREAM_LIMIT)
+        reader, writer = self._connection
+        self._correlation += 1
+        await _write_frame(writer, _with_correlation(request_frame, self._correlation, 4))
+        return await _read_frame(reader)
+
+
+def _nothing_fetched(frame: bytes, version: int) -> bool:
+    """Whether a fetch answer holds no records and no error: the answer Kafka would have held."""
+    if len(frame) > EMPTY_ANSWER_MAX:
+        return False
+    schema = load_response_schema(FETCH, version)
+    try:
+        response, _ = entity_reader(schema)(frame, _header_size(frame, schema.__flexible__))
+    except Exception:  # noqa: BLE001 - an answer the schema does not fit: relayed as it is
+        return False
+    if getattr(response, "error_code", None):  # a whole-request error (v7 on)
+        return False
+    return all(not data.records and not data.error_code.value for topic in response.responses for data in topic.partitions)
 
 
 class KafkaFront:
@@ -349,13 +422,15 @@ class KafkaFront:
             client_writer.close()
             return
         pending: dict[int, PendingRequest] = {}
+        fetch_wait = FetchWait(self.upstream)
         requests = asyncio.create_task(self._requests(client_reader, broker_writer, pending))
-        responses = asyncio.create_task(self._responses(broker_reader, client_writer, pending))
+        responses = asyncio.create_task(self._responses(broker_reader, client_writer, pending, fetch_wait))
         done, rest = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
         if responses in done and not responses.cancelled() and responses.exception() is None:
             self.index.forget()  # the broker closed the connection: it may have restarted
         for task in rest:
             task.cancel()
+        fetch_wait.close()
         for writer in (client_writer, broker_writer):
             writer.close()
 
@@ -377,10 +452,12 @@ class KafkaFront:
     def _fetch_request(self, frame: bytes, version: int) -> PendingRequest:
         schema = load_request_schema(FETCH, version)
         request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        waits = request.min_bytes > 0 and getattr(request, "session_epoch", NO_FETCH_SESSION) == NO_FETCH_SESSION
+        wait = dict(wait_s=request.max_wait.total_seconds(), frame=frame) if waits else {}
         if getattr(request, "isolation_level", 0) != READ_COMMITTED:
-            return PendingRequest(FETCH, version)
+            return PendingRequest(FETCH, version, **wait)
         return PendingRequest(FETCH, version, {(t.topic, p.partition): p.fetch_offset
-                                               for t in request.topics for p in t.partitions})
+                                               for t in request.topics for p in t.partitions}, **wait)
 
     @staticmethod
     def _topics_named(frame: bytes, api_key: int, version: int) -> set[str] | None:
@@ -393,14 +470,15 @@ class KafkaFront:
         topics = getattr(request, "topics", ()) or ()
         return {*names, *(getattr(t, "name", None) for t in topics)} - {None}
 
-    async def _responses(self, reader, writer, pending: dict[int, PendingRequest]) -> None:
+    async def _responses(self, reader, writer, pending: dict[int, PendingRequest], fetch_wait: FetchWait) -> None:
         try:
             while True:
                 frame = await _read_frame(reader)
                 (correlation,) = struct.unpack_from(">i", frame, 0)
                 request = pending.pop(correlation, None)
                 if request is not None:
-                    frame = await self._answer(frame, request)
+                    # Held like Kafka holds it; the connection's later answers wait behind it, as there.
+                    frame = await self._answer(await fetch_wait.answer(frame, request), request)
                 await _write_frame(writer, frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
