@@ -4,9 +4,13 @@ front exists). The expectation is what the producers know they committed (their 
 
 from __future__ import annotations
 
+import datetime
+import io
 import json
 import random
 import shutil
+import socket
+import struct
 import tempfile
 import time
 import uuid
@@ -15,6 +19,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v12.response import FetchResponse
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from kafka_batch_dev import local_stack
 
@@ -86,10 +95,16 @@ class Producers:
             self.transactional[which].abort_transaction(30)
 
 
-def read(bootstrap: str, topic: str, partition: int, start: int) -> dict[tuple[int, int], bytes]:
-    """Every record a read_committed consumer sees from `start` to the partition's end."""
+# Answers of a few batches each (the front keeps the rest for the next fetches), or the whole partition.
+FETCH_BYTES = (300, 1_048_576)
+
+
+def read(bootstrap: str, topic: str, partition: int, start: int, fetch_bytes: int) -> dict[tuple[int, int], bytes]:
+    """Every record a read_committed consumer sees from `start` to the partition's end, fetching at most
+    `fetch_bytes` at a time."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+                         "enable.partition.eof": True, "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+                         "max.partition.fetch.bytes": fetch_bytes})
     consumer.assign([TopicPartition(topic, partition, start)])
     found = {}
     try:
@@ -105,7 +120,7 @@ def read(bootstrap: str, topic: str, partition: int, start: int) -> dict[tuple[i
 
 
 def mismatches(bootstrap: str, producers: Producers, starts_per_partition: int) -> list[tuple[int, int]]:
-    """(partition, start) of the reads from `bootstrap` that differ from the committed records, the
+    """(partition, start, fetch bytes) of the reads from `bootstrap` that differ from the committed records, the
     starts taken in random order (so the front often meets a partition first in the middle)."""
     wrong = []
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -118,8 +133,8 @@ def mismatches(bootstrap: str, producers: Producers, starts_per_partition: int) 
         producers.rng.shuffle(starts)
         for start in starts:
             expected = {k: v for k, v in producers.committed.items() if k[0] == partition and start <= k[1] < end}
-            if read(bootstrap, producers.topic, partition, start) != expected:
-                wrong.append((partition, start))
+            wrong += [(partition, start, size) for size in FETCH_BYTES
+                      if read(bootstrap, producers.topic, partition, start, size) != expected]
     return wrong
 
 
@@ -208,5 +223,60 @@ def test_a_fetch_that_finds_nothing_is_held_as_kafka_holds_it_and_answered_when_
         message = consumer.poll(10)
         assert message is not None and message.value() == b"second"
         assert time.monotonic() - produced < 1.5  # not at the end of the 5 s wait
+    finally:
+        consumer.close()
+
+
+def fetch(bootstrap: str, topic: str, offset: int, partition_max_bytes: int) -> bytes:
+    """The records of one Fetch (v12, read_committed) of partition 0 from `offset`, sent by hand."""
+    request = FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), isolation_level=i8(1),
+        forgotten_topics_data=(), topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
+            partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(partition_max_bytes)),)),))
+    buffer = io.BytesIO()
+    entity_writer(RequestHeader)(buffer, RequestHeader(request_api_key=i16(1), request_api_version=i16(12),
+                                                       correlation_id=i32(1), client_id="test"))
+    entity_writer(FetchRequest)(buffer, request)
+    host, port = bootstrap.split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(struct.pack(">i", len(buffer.getvalue())) + buffer.getvalue())
+        stream = sock.makefile("rb")
+        frame = stream.read(struct.unpack(">i", stream.read(4))[0])
+    response, _ = entity_reader(FetchResponse)(frame, 5)  # correlation id, no tagged fields
+    return response.responses[0].partitions[0].records or b""
+
+
+def test_a_fetch_is_answered_with_the_bytes_it_asks_for_and_read_through_such_answers_a_partition_is_whole(broker):
+    """noida-db answers a fetch with everything from its offset on, and a client holds that whole answer;
+    Kafka answers with at most the bytes the fetch asks (whole batches, at least one), so a consumer's
+    settings bound its memory. A partition read to its end beside one still being read stays answered."""
+    state, _ = broker
+    bootstrap = address(state, "kafka")
+    topic = f"front_{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 2)])[topic].result()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 16_384})
+    for i in range(20_000):
+        producer.produce(topic, key=str(i).encode(), value=bytes(1000), partition=0)  # 20 MB
+    for i in range(10):
+        producer.produce(topic, key=str(i).encode(), value=b"small", partition=1)
+    producer.flush(60)
+    assert 0 < len(fetch(bootstrap, topic, 5000, 65_536)) <= 65_536 + 16_384 + 1024
+    assert len(fetch(bootstrap, topic, 5000, 1)) > 0  # at least one batch
+    assert len(fetch(bootstrap, topic, 0, 2**31 - 1)) > 20_000_000
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "front-test", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "max.partition.fetch.bytes": 65_536, "fetch.wait.max.ms": 10})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+        keys: dict[int, list[bytes]] = {0: [], 1: []}
+        ended: set[int] = set()
+        while len(ended) < 2 and (message := consumer.poll(10)) is not None:
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                ended.add(message.partition())
+            else:
+                keys[message.partition()].append(message.key())
+        assert keys == {0: [str(i).encode() for i in range(20_000)], 1: [str(i).encode() for i in range(10)]}
     finally:
         consumer.close()

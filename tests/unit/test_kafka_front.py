@@ -12,7 +12,7 @@ from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.static.primitive import i8, i16, i32, i64
 
-from kafka_batch_dev.kafka_front import TransactionMarkers, kafka_listing, record_batches
+from kafka_batch_dev.kafka_front import TransactionMarkers, cut_records, kafka_listing, record_batches
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 TRANSACTIONAL, CONTROL = 0x10, 0x20
@@ -118,3 +118,24 @@ def test_a_producer_with_records_in_the_answer_and_no_marker_after_them_is_left_
     # Without records of the producer in the answer, a listing is harmless, and stays as it is.
     kept, undecided = kafka_listing([(5, 2)], answer(batch(7, range(10, 12))), 10)
     assert (kept, undecided) == ([(5, 2)], [])
+
+
+def offsets_of(records: bytes) -> list[tuple[int, int]]:
+    return [(base, last) for base, last, *_ in record_batches(records)]
+
+
+def test_an_answer_is_cut_as_kafka_cuts_it_whole_batches_up_to_the_limit_and_at_least_one():
+    whole = b"".join(LOG) + LOG[0][:30]  # a partial batch at the end is never given
+    sizes = [len(b) for b in LOG]
+    # From offset 5 (inside the batch 4-5): that batch on, as many as fit in the limit.
+    given, rest, given_end, end = cut_records(whole, 5, sizes[2] + sizes[3] + 1)
+    assert offsets_of(given) == [(4, 5), (6, 6)] and given_end == 7
+    assert offsets_of(rest) == [(o, o2) for o, o2 in offsets_of(b"".join(LOG[4:]))] and end == 13
+    assert given + rest == b"".join(LOG[2:])
+    # A limit below the first batch still gives it, unless the fetch's bytes are spent on other partitions.
+    assert offsets_of(cut_records(whole, 0, 1)[0]) == [(0, 2)]
+    given, rest, given_end, _ = cut_records(whole, 0, 1, at_least_one=False)
+    assert (given, given_end) == (b"", 0) and rest == b"".join(LOG)
+    # Nothing at or after the offset: nothing to give or keep.
+    assert cut_records(whole, 13, 100) == (b"", b"", 13, 13)
+    assert cut_records(whole, 0, 10**9)[:2] == (b"".join(LOG), b"")

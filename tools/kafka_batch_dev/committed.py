@@ -20,8 +20,7 @@ def committed_messages(config: Mapping, topic: str, partitions: Iterable[int] | 
     """Every committed record (tombstones too) of the topic's partitions (default: all), in each
     partition's order, from its log start to its end, or to `below` (partition -> offset; the
     partitions it names, those at 0 skipped). Aborted records and transaction markers never show."""
-    consumer = Consumer({"receive.message.max.bytes": 200_000_000,
-                         **{k: v for k, v in config.items() if k.startswith(_CLIENT_PREFIXES)},
+    consumer = Consumer({**{k: v for k, v in config.items() if k.startswith(_CLIENT_PREFIXES)},
                          "group.id": f"truth-{uuid.uuid4().hex}", "isolation.level": "read_committed",
                          "enable.partition.eof": True, "enable.auto.commit": False,
                          "fetch.wait.max.ms": 50})  # it ends at the partition's end: no long wait for more

@@ -17,12 +17,17 @@ front relays every request and response unchanged but for three answers:
   and so is the cluster id (noida's with `-front`).
 - ApiVersions: Fetch at most v12 (v13 names topics by id, and noida's ids are all zero).
 
-And it waits as Apache Kafka waits: noida-db answers a fetch that finds nothing at once, where Kafka
-holds it up to the request's `max_wait` for records to arrive (a long poll). A consumer at a
-partition's end then asks again at once, thousands of times a second for as long as it stays
-assigned, and those answers took the CPU of two cores from the reads they came with. The front
-holds such an answer and asks the broker again every FETCH_POLL_S until records arrive or the wait
-is over (FetchWait).
+And it answers fetches in Kafka's measure:
+- At most the bytes a fetch asks for. noida-db answers with a partition's whole backlog from the fetch
+  offset (100 MB for 1M records), and the client holds it all: a reader's memory grew with the backlog
+  where Kafka bounds it by the consumer's settings. The front answers at most `partition_max_bytes` a
+  partition and `max_bytes` in all (whole batches, at least one), and keeps the rest for the
+  connection's next fetches there (Backlog), so the broker is asked for a backlog once, not per answer.
+- Held when it finds nothing. noida-db answers such a fetch at once, where Kafka holds it up to the
+  request's `max_wait` for records to arrive (a long poll). A consumer at a partition's end then asked
+  again at once, thousands of times a second for as long as it stayed assigned, which took the CPU of
+  two cores from the reads beside it. The front asks the broker again every FETCH_POLL_S until
+  records arrive or the wait is over (FetchWait).
 
 The index lives in memory; it is dropped when the broker closes a connection (a restarted broker may
 have lost unflushed writes, and offsets could then name other records).
@@ -41,6 +46,7 @@ import struct
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
@@ -52,7 +58,9 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 LOG = logging.getLogger("kafka_batch_dev.kafka_front")
 
-FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CLUSTER = 1, 3, 10, 18, 19, 20, 60
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 0, 1, 3, 10, 18, 19, 20, 21
+DESCRIBE_CLUSTER = 60
+LOG_CHANGES = (CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS)  # after them a kept backlog may not be the log
 ADDRESS_ANSWERS = (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER)
 FRONT_CLUSTER_SUFFIX = "-front"
 FETCH_MAX_VERSION = 12
@@ -76,14 +84,37 @@ ABORT_MARKER = 0
 
 def record_batches(records: bytes | memoryview) -> Iterator[tuple[int, int, int, int, bytes | memoryview]]:
     """(base offset, last offset, attributes, producer id, the batch's records) of each whole batch."""
+    for pos, stop, base, last, attributes, producer_id in _batch_spans(records):
+        yield base, last, attributes, producer_id, records[pos + BATCH_HEADER.size:stop]
+
+
+def _batch_spans(records: bytes | memoryview) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(start, stop, base offset, last offset, attributes, producer id) of each whole batch."""
     pos, end = 0, len(records)
     while pos + BATCH_HEADER.size <= end:
         base, length, _, magic, _, attributes, last_delta, _, _, producer_id, *_ = BATCH_HEADER.unpack_from(records, pos)
         stop = pos + 12 + length
         if stop > end or magic != 2:
             return  # a partial batch at the end of a response, or a format before transactions
-        yield base, base + last_delta, attributes, producer_id, records[pos + BATCH_HEADER.size:stop]
+        yield pos, stop, base, base + last_delta, attributes, producer_id
         pos = stop
+
+
+def cut_records(records: bytes | memoryview, fetch_offset: int, limit: int, at_least_one: bool = True
+                ) -> tuple[bytes | memoryview, bytes | memoryview, int, int]:
+    """A partition's answer cut as Kafka cuts it: (the whole batches from the one holding `fetch_offset`
+    on, up to `limit` bytes (at least one if `at_least_one`); the whole batches after them; the offset
+    after the given ones; the offset after the rest). Bytes after the last whole batch are dropped: the
+    client asks for them again. Slices of a memoryview are views: no copy of a kept backlog."""
+    spans = [(pos, stop, last) for pos, stop, _, last, _, _ in _batch_spans(records) if last >= fetch_offset]
+    if not spans:
+        return b"", b"", fetch_offset, fetch_offset
+    first = spans[0][0]
+    given = next((i for i, (_, stop, _) in enumerate(spans) if stop - first > limit), len(spans))
+    given = max(given, 1) if at_least_one else given
+    split = spans[given][0] if given < len(spans) else spans[-1][1]
+    given_end = spans[given - 1][2] + 1 if given else fetch_offset
+    return records[first:split], records[split:spans[-1][1]], given_end, spans[-1][2] + 1
 
 
 def control_type(body: bytes | memoryview) -> int:
@@ -339,9 +370,53 @@ def as_front(entity, host: str, port: int):
 class PendingRequest:
     api_key: int
     version: int
-    fetch_offsets: dict[tuple[str, int], int] | None = None  # a read_committed fetch: where each partition starts
+    fetch_offsets: dict[tuple[str, int], int] | None = None  # a fetch: where each partition starts
+    read_committed: bool = False
+    limits: dict[tuple[str, int], int] = field(default_factory=dict)  # a fetch: the bytes each partition may take
+    max_bytes: int = 2**31 - 1  # a fetch: the bytes its answer may take in all
     wait_s: float = 0.0  # a fetch Kafka would hold this long for records to arrive
     frame: bytes = b""  # such a fetch, to ask again
+
+
+@dataclass
+class Backlog:
+    """What a connection was last answered for a partition: the batches the fetch could not take (none, at
+    the partition's end). `answer`: the broker's answer (its offsets, its aborted transactions) with
+    those batches as its records, [start, end) their offsets; `log_end` the partition's end it gave."""
+
+    response: Any
+    topic: Any
+    answer: Any
+    start: int
+    end: int
+    log_end: int
+    version: int
+    read_committed: bool
+    generation: int
+
+    def current(self, request: PendingRequest, generation: int) -> bool:
+        return (self.version, self.read_committed, self.generation) == (request.version, request.read_committed,
+                                                                        generation)
+
+    def holds(self, offset: int) -> bool:
+        return self.start <= offset < self.end
+
+    def at_end(self, offset: int) -> bool:
+        """Nothing is kept, and the client is where the partition ended: an empty answer is Kafka's too."""
+        return offset == self.start == self.end and offset >= self.log_end
+
+
+@dataclass
+class Link:
+    """One client's connection through the front: its requests in flight to the broker, in order, and
+    what it was answered beyond what it asked."""
+
+    client: asyncio.StreamWriter
+    broker: asyncio.StreamWriter
+    fetch_wait: FetchWait
+    pending: dict[int, PendingRequest] = field(default_factory=dict)  # by correlation id
+    backlogs: dict[tuple[str, int], Backlog] = field(default_factory=dict)
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _with_correlation(frame: bytes, correlation: int, at: int) -> bytes:
@@ -408,6 +483,7 @@ class KafkaFront:
         self.listen = (listen_host, listen_port)
         self.upstream = (upstream_host, upstream_port)
         self.index = MarkerIndex(upstream_host, upstream_port)
+        self.generation = 0  # of the logs: a topic made, deleted or cut since makes every kept backlog stale
 
     async def serve(self) -> None:
         server = await asyncio.start_server(self._client, *self.listen, limit=STREAM_LIMIT)
@@ -421,31 +497,38 @@ class KafkaFront:
         except OSError:
             client_writer.close()
             return
-        pending: dict[int, PendingRequest] = {}
-        fetch_wait = FetchWait(self.upstream)
-        requests = asyncio.create_task(self._requests(client_reader, broker_writer, pending))
-        responses = asyncio.create_task(self._responses(broker_reader, client_writer, pending, fetch_wait))
+        link = Link(client_writer, broker_writer, FetchWait(self.upstream))
+        requests = asyncio.create_task(self._requests(client_reader, link))
+        responses = asyncio.create_task(self._responses(broker_reader, link))
         done, rest = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
         if responses in done and not responses.cancelled() and responses.exception() is None:
             self.index.forget()  # the broker closed the connection: it may have restarted
         for task in rest:
             task.cancel()
-        fetch_wait.close()
+        link.fetch_wait.close()
         for writer in (client_writer, broker_writer):
             writer.close()
 
-    async def _requests(self, reader, writer, pending: dict[int, PendingRequest]) -> None:
+    async def _requests(self, reader, link: Link) -> None:
         try:
             while True:
                 frame = await _read_frame(reader)
                 api_key, version, correlation = _request_header(frame)
                 if api_key == FETCH:
-                    pending[correlation] = self._fetch_request(frame, version)
-                elif api_key in (*ADDRESS_ANSWERS, API_VERSIONS):
-                    pending[correlation] = PendingRequest(api_key, version)
-                elif api_key in (CREATE_TOPICS, DELETE_TOPICS):  # a name may now hold another log
-                    self.index.forget(self._topics_named(frame, api_key, version))
-                await _write_frame(writer, frame)
+                    request = self._fetch_request(frame, version)
+                    if not link.pending and (answer := await self._from_backlog(request, correlation, link)):
+                        async with link.writing:  # nothing in flight: this answer is the next one due
+                            await _write_frame(link.client, answer)
+                        continue
+                else:
+                    request = PendingRequest(api_key, version)
+                if api_key in LOG_CHANGES:
+                    self.generation += 1
+                    if api_key != DELETE_RECORDS:  # a name may now hold another log
+                        self.index.forget(self._topics_named(frame, api_key, version))
+                if api_key != PRODUCE:  # (acks=0 has no answer; a producer's connection never fetches)
+                    link.pending[correlation] = request  # answers go back in order: a fetch's waits for them
+                await _write_frame(link.broker, frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
 
@@ -454,10 +537,35 @@ class KafkaFront:
         request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
         waits = request.min_bytes > 0 and getattr(request, "session_epoch", NO_FETCH_SESSION) == NO_FETCH_SESSION
         wait = dict(wait_s=request.max_wait.total_seconds(), frame=frame) if waits else {}
-        if getattr(request, "isolation_level", 0) != READ_COMMITTED:
-            return PendingRequest(FETCH, version, **wait)
-        return PendingRequest(FETCH, version, {(t.topic, p.partition): p.fetch_offset
-                                               for t in request.topics for p in t.partitions}, **wait)
+        partitions = [(t.topic, p) for t in request.topics for p in t.partitions]
+        return PendingRequest(
+            FETCH, version, {(t, p.partition): p.fetch_offset for t, p in partitions},
+            read_committed=getattr(request, "isolation_level", 0) == READ_COMMITTED,
+            limits={(t, p.partition): p.partition_max_bytes for t, p in partitions},
+            max_bytes=getattr(request, "max_bytes", 2**31 - 1), **wait)
+
+    async def _from_backlog(self, request: PendingRequest, correlation: int, link: Link) -> bytes | None:
+        """The answer to a fetch from what the connection was answered beyond what it asked, if that holds
+        records where the fetch asks and every other partition asked was at its end; else None (the broker
+        answers: a partition at its end that finds nothing is held there, FetchWait)."""
+        kept = [link.backlogs.get(key) for key in request.fetch_offsets]
+        if not all(b is not None and b.current(request, self.generation) for b in kept):
+            return None
+        offsets = list(request.fetch_offsets.values())
+        holding = [b.holds(offset) for b, offset in zip(kept, offsets, strict=True)]
+        if not any(holding) or not all(h or b.at_end(o) for h, b, o in zip(holding, kept, offsets, strict=True)):
+            return None
+        topics: dict[str, list] = {}
+        for backlog in kept:
+            topics.setdefault(backlog.topic.topic, []).append(backlog)
+        response = dataclasses.replace(kept[0].response, responses=tuple(
+            dataclasses.replace(b[0].topic, partitions=tuple(x.answer for x in b)) for b in topics.values()))
+        response = await self._fetch_answer(response, request, link)
+        schema = load_response_schema(FETCH, request.version)
+        buffer = io.BytesIO()
+        buffer.write(struct.pack(">i", correlation) + (b"\0" if schema.__flexible__ else b""))  # no tagged fields
+        entity_writer(schema)(buffer, response)
+        return buffer.getvalue()
 
     @staticmethod
     def _topics_named(frame: bytes, api_key: int, version: int) -> set[str] | None:
@@ -470,23 +578,24 @@ class KafkaFront:
         topics = getattr(request, "topics", ()) or ()
         return {*names, *(getattr(t, "name", None) for t in topics)} - {None}
 
-    async def _responses(self, reader, writer, pending: dict[int, PendingRequest], fetch_wait: FetchWait) -> None:
+    async def _responses(self, reader, link: Link) -> None:
         try:
             while True:
                 frame = await _read_frame(reader)
                 (correlation,) = struct.unpack_from(">i", frame, 0)
-                request = pending.pop(correlation, None)
-                if request is not None:
+                request = link.pending.get(correlation)
+                if request is not None and request.api_key in (FETCH, *ADDRESS_ANSWERS, API_VERSIONS):
                     # Held like Kafka holds it; the connection's later answers wait behind it, as there.
-                    frame = await self._answer(await fetch_wait.answer(frame, request), request)
-                await _write_frame(writer, frame)
+                    frame = await self._answer(await link.fetch_wait.answer(frame, request), request, link)
+                async with link.writing:
+                    await _write_frame(link.client, frame)
+                link.pending.pop(correlation, None)  # once written: an answer from a backlog may follow
         except (asyncio.IncompleteReadError, ConnectionError):
             return
 
-    async def _answer(self, frame: bytes, request: PendingRequest) -> bytes:
-        """The response as Apache Kafka would give it: the front's address, Fetch's aborted transactions."""
-        if request.api_key == FETCH and not request.fetch_offsets:
-            return frame
+    async def _answer(self, frame: bytes, request: PendingRequest, link: Link) -> bytes:
+        """The response as Apache Kafka would give it: the front's address; Fetch's records in the measure
+        asked, its aborted transactions as Kafka lists them."""
         schema = load_response_schema(request.api_key, request.version)
         flexible = schema.__flexible__ and request.api_key != API_VERSIONS  # its header is always v0
         start = _header_size(frame, flexible)
@@ -497,7 +606,7 @@ class KafkaFront:
                         request.version, exc_info=True)
             return frame
         if request.api_key == FETCH:
-            changed = await self._fetch_answer(response, request.fetch_offsets)
+            changed = await self._fetch_answer(response, request, link)
         elif request.api_key == API_VERSIONS:
             changed = dataclasses.replace(response, api_keys=tuple(
                 dataclasses.replace(k, max_version=i16(min(k.max_version, FETCH_MAX_VERSION)))
@@ -511,16 +620,36 @@ class KafkaFront:
         entity_writer(schema)(buffer, changed)
         return buffer.getvalue()
 
-    async def _fetch_answer(self, response, fetch_offsets: dict[tuple[str, int], int]):
+    async def _fetch_answer(self, response, request: PendingRequest, link: Link):
         topics, changed = [], False
         aborted_type = sys.modules[type(response).__module__].AbortedTransaction  # of the answer's version
+        budget = request.max_bytes
         for topic in response.responses:
             partitions, rewritten = [], False
             for data in topic.partitions:
-                kept = await self._overlapping(topic.topic, data, fetch_offsets.get((topic.topic, data.partition_index)),
-                                               aborted_type)
-                if kept is not data.aborted_transactions:
-                    data, rewritten = dataclasses.replace(data, aborted_transactions=kept), True
+                key = (topic.topic, data.partition_index)
+                offset = request.fetch_offsets.get(key)
+                link.backlogs.pop(key, None)
+                if offset is not None and not data.error_code.value:
+                    # Kafka's measure: the partition's bytes, and the fetch's, of which the first batch
+                    # of the answer is given whatever its size.
+                    records = memoryview(data.records or b"")
+                    given, rest, given_end, end = cut_records(records, offset, min(request.limits[key], budget),
+                                                              at_least_one=budget == request.max_bytes)
+                    budget -= len(given)
+                    # Kept without the answer's other partitions, whose backlogs keep theirs.
+                    link.backlogs[key] = Backlog(
+                        dataclasses.replace(response, responses=()), dataclasses.replace(topic, partitions=()),
+                        dataclasses.replace(data, records=rest), given_end, end,
+                        getattr(data, "last_stable_offset", data.high_watermark) if request.read_committed
+                        else data.high_watermark,
+                        request.version, request.read_committed, self.generation)
+                    if len(given) != len(records):
+                        data, rewritten = dataclasses.replace(data, records=given), True
+                if request.read_committed:
+                    kept = await self._overlapping(topic.topic, data, offset, aborted_type)
+                    if kept is not data.aborted_transactions:
+                        data, rewritten = dataclasses.replace(data, aborted_transactions=kept), True
                 partitions.append(data)
             if rewritten:
                 topic, changed = dataclasses.replace(topic, partitions=tuple(partitions)), True

@@ -510,12 +510,7 @@ def stop_postgres(base: Path) -> set[int]:
 
 def connections_env(state: dict) -> dict[str, str]:
     """The AIRFLOW_CONN_* values of the local services (no secrets: trust auth on loopback)."""
-    kafka = {
-        "bootstrap.servers": f"127.0.0.1:{state['kafka_port']}",
-        # The local broker answers a fetch with the whole backlog of a partition (hundreds of MB in `make
-        # bench`); a real Kafka honours fetch limits and needs no such setting.
-        "receive.message.max.bytes": 1_000_000_000,
-    }
+    kafka = {"bootstrap.servers": f"127.0.0.1:{state['kafka_port']}"}
     return {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
         "AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps(
