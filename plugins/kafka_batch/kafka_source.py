@@ -51,6 +51,10 @@ _READER_DEFAULTS = {
     # with the answer to a fetch at the end: the broker holds that fetch this long (librdkafka's 500 ms
     # would add up to half a second to such a batch).
     "fetch.wait.max.ms": 50,
+    # A read of known ranges takes all it can: answers of 8 MB a partition, not librdkafka's 1 MB, take
+    # an eighth of the round trips (a 3M-record batch: 6.0 s against 6.2-6.3 s on the local broker). The
+    # queue's bounds (queued.*) still bound what a worker holds.
+    "max.partition.fetch.bytes": 8 * 1024 * 1024,
 }
 _ADMIN_KEYS_IGNORED = {"group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset"}
 

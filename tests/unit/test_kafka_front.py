@@ -12,7 +12,7 @@ from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
 from kio.static.primitive import i8, i16, i32, i64
 
-from kafka_batch_dev.kafka_front import TransactionMarkers, cut_records, kafka_listing, record_batches
+from kafka_batch_dev.kafka_front import TransactionMarkers, cut_records, kafka_listing, record_batches, whole_batches
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 TRANSACTIONAL, CONTROL = 0x10, 0x20
@@ -125,17 +125,17 @@ def offsets_of(records: bytes) -> list[tuple[int, int]]:
 
 
 def test_an_answer_is_cut_as_kafka_cuts_it_whole_batches_up_to_the_limit_and_at_least_one():
-    whole = b"".join(LOG) + LOG[0][:30]  # a partial batch at the end is never given
+    whole, end = whole_batches(b"".join(LOG) + LOG[0][:30])  # a partial batch at the end is never given
+    assert bytes(whole) == b"".join(LOG) and end == 13
     sizes = [len(b) for b in LOG]
     # From offset 5 (inside the batch 4-5): that batch on, as many as fit in the limit.
-    given, rest, given_end, end = cut_records(whole, 5, sizes[2] + sizes[3] + 1)
+    given, rest, given_end = cut_records(whole, 5, sizes[2] + sizes[3] + 1)
     assert offsets_of(given) == [(4, 5), (6, 6)] and given_end == 7
-    assert offsets_of(rest) == [(o, o2) for o, o2 in offsets_of(b"".join(LOG[4:]))] and end == 13
-    assert given + rest == b"".join(LOG[2:])
+    assert bytes(rest) == b"".join(LOG[4:])
     # A limit below the first batch still gives it, unless the fetch's bytes are spent on other partitions.
     assert offsets_of(cut_records(whole, 0, 1)[0]) == [(0, 2)]
-    given, rest, given_end, _ = cut_records(whole, 0, 1, at_least_one=False)
-    assert (given, given_end) == (b"", 0) and rest == b"".join(LOG)
+    given, rest, given_end = cut_records(whole, 0, 1, at_least_one=False)
+    assert (bytes(given), given_end) == (b"", 0) and bytes(rest) == b"".join(LOG)
     # Nothing at or after the offset: nothing to give or keep.
-    assert cut_records(whole, 13, 100) == (b"", b"", 13, 13)
-    assert cut_records(whole, 0, 10**9)[:2] == (b"".join(LOG), b"")
+    assert [bytes(part) for part in cut_records(whole, 13, 100)[:2]] == [b"", b""]
+    assert bytes(cut_records(whole, 0, 10**9)[0]) == b"".join(LOG)

@@ -40,6 +40,7 @@ import asyncio
 import bisect
 import dataclasses
 import datetime
+import functools
 import io
 import logging
 import struct
@@ -48,7 +49,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
+from kio.index import load_request_schema as _load_request_schema
+from kio.index import load_response_schema as _load_response_schema
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.request_header.v2.header import RequestHeader
@@ -57,6 +59,9 @@ from kio.serial.readers import read_signed_varint, read_unsigned_varint
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 LOG = logging.getLogger("kafka_batch_dev.kafka_front")
+# kio resolves a schema's module by name on every call; a relay asks hundreds of times a second.
+load_request_schema = functools.cache(_load_request_schema)
+load_response_schema = functools.cache(_load_response_schema)
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 0, 1, 3, 10, 18, 19, 20, 21
 DESCRIBE_CLUSTER = 60
@@ -100,21 +105,39 @@ def _batch_spans(records: bytes | memoryview) -> Iterator[tuple[int, int, int, i
         pos = stop
 
 
+def whole_batches(records: bytes | memoryview) -> tuple[memoryview, int]:
+    """The answer's whole batches (a partial one at its end dropped: the client asks for it again) and
+    the offset after the last one (-1 if there is none)."""
+    view, whole, end = memoryview(records), 0, -1
+    for _, stop, _, last, _, _ in _batch_spans(view):
+        whole, end = stop, last + 1
+    return view[:whole], end
+
+
 def cut_records(records: bytes | memoryview, fetch_offset: int, limit: int, at_least_one: bool = True
-                ) -> tuple[bytes | memoryview, bytes | memoryview, int, int]:
-    """A partition's answer cut as Kafka cuts it: (the whole batches from the one holding `fetch_offset`
-    on, up to `limit` bytes (at least one if `at_least_one`); the whole batches after them; the offset
-    after the given ones; the offset after the rest). Bytes after the last whole batch are dropped: the
-    client asks for them again. Slices of a memoryview are views: no copy of a kept backlog."""
-    spans = [(pos, stop, last) for pos, stop, _, last, _, _ in _batch_spans(records) if last >= fetch_offset]
-    if not spans:
-        return b"", b"", fetch_offset, fetch_offset
-    first = spans[0][0]
-    given = next((i for i, (_, stop, _) in enumerate(spans) if stop - first > limit), len(spans))
-    given = max(given, 1) if at_least_one else given
-    split = spans[given][0] if given < len(spans) else spans[-1][1]
-    given_end = spans[given - 1][2] + 1 if given else fetch_offset
-    return records[first:split], records[split:spans[-1][1]], given_end, spans[-1][2] + 1
+                ) -> tuple[bytes | memoryview, bytes | memoryview, int]:
+    """Whole batches (whole_batches) cut as Kafka cuts an answer: (those from the one holding
+    `fetch_offset` on, up to `limit` bytes, at least one if `at_least_one`; the batches after them; the
+    offset after the given ones). Walks only the batches it gives, and slices of a memoryview are
+    views: cutting a kept backlog again and again copies nothing and walks it once."""
+    first = split = None
+    given_end = fetch_offset
+    for pos, stop, _, last, _, _ in _batch_spans(records):
+        if last < fetch_offset:
+            continue
+        if first is None:
+            first = pos
+            if not at_least_one and stop - first > limit:
+                split = pos
+                break
+        elif stop - first > limit:
+            split = pos
+            break
+        given_end = last + 1
+    if first is None:
+        return records[:0], records[:0], fetch_offset
+    split = len(records) if split is None else split
+    return records[first:split], records[split:], given_end
 
 
 def control_type(body: bytes | memoryview) -> int:
@@ -560,7 +583,8 @@ class KafkaFront:
             topics.setdefault(backlog.topic.topic, []).append(backlog)
         response = dataclasses.replace(kept[0].response, responses=tuple(
             dataclasses.replace(b[0].topic, partitions=tuple(x.answer for x in b)) for b in topics.values()))
-        response = await self._fetch_answer(response, request, link)
+        response = await self._fetch_answer(response, request, link, {key: b.end for key, b in zip(
+            request.fetch_offsets, kept, strict=True)})
         schema = load_response_schema(FETCH, request.version)
         buffer = io.BytesIO()
         buffer.write(struct.pack(">i", correlation) + (b"\0" if schema.__flexible__ else b""))  # no tagged fields
@@ -620,7 +644,10 @@ class KafkaFront:
         entity_writer(schema)(buffer, changed)
         return buffer.getvalue()
 
-    async def _fetch_answer(self, response, request: PendingRequest, link: Link):
+    async def _fetch_answer(self, response, request: PendingRequest, link: Link, ends: dict | None = None):
+        """The answer cut to the fetch's measure, the rest kept (`ends`: where the records of a kept backlog
+        end), with its aborted transactions as Kafka lists them."""
+        ends = ends or {}
         topics, changed = [], False
         aborted_type = sys.modules[type(response).__module__].AbortedTransaction  # of the answer's version
         budget = request.max_bytes
@@ -633,14 +660,14 @@ class KafkaFront:
                 if offset is not None and not data.error_code.value:
                     # Kafka's measure: the partition's bytes, and the fetch's, of which the first batch
                     # of the answer is given whatever its size.
-                    records = memoryview(data.records or b"")
-                    given, rest, given_end, end = cut_records(records, offset, min(request.limits[key], budget),
-                                                              at_least_one=budget == request.max_bytes)
+                    records, end = ((data.records, ends[key]) if key in ends else whole_batches(data.records or b""))
+                    given, rest, given_end = cut_records(records, offset, min(request.limits[key], budget),
+                                                         at_least_one=budget == request.max_bytes)
                     budget -= len(given)
                     # Kept without the answer's other partitions, whose backlogs keep theirs.
                     link.backlogs[key] = Backlog(
                         dataclasses.replace(response, responses=()), dataclasses.replace(topic, partitions=()),
-                        dataclasses.replace(data, records=rest), given_end, end,
+                        dataclasses.replace(data, records=rest), given_end, max(end, given_end),
                         getattr(data, "last_stable_offset", data.high_watermark) if request.read_committed
                         else data.high_watermark,
                         request.version, request.read_committed, self.generation)
