@@ -4,8 +4,6 @@ front exists). The expectation is what the producers know they committed (their 
 
 from __future__ import annotations
 
-import datetime
-import io
 import json
 import random
 import shutil
@@ -19,13 +17,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
-from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
-from kio.schema.request_header.v2.header import RequestHeader
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
+from kio.serial import entity_reader
 
 from kafka_batch_dev import local_stack
+from kafka_batch_dev.kafka_front import fetch_request
 
 pytestmark = pytest.mark.integration
 
@@ -229,17 +225,10 @@ def test_a_fetch_that_finds_nothing_is_held_as_kafka_holds_it_and_answered_when_
 
 def fetch(bootstrap: str, topic: str, offset: int, partition_max_bytes: int) -> bytes:
     """The records of one Fetch (v12, read_committed) of partition 0 from `offset`, sent by hand."""
-    request = FetchRequest(
-        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), isolation_level=i8(1),
-        forgotten_topics_data=(), topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
-            partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(partition_max_bytes)),)),))
-    buffer = io.BytesIO()
-    entity_writer(RequestHeader)(buffer, RequestHeader(request_api_key=i16(1), request_api_version=i16(12),
-                                                       correlation_id=i32(1), client_id="test"))
-    entity_writer(FetchRequest)(buffer, request)
+    request = fetch_request(topic, 0, offset, 1, partition_max_bytes, isolation_level=1, client_id="test")
     host, port = bootstrap.split(":")
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(struct.pack(">i", len(buffer.getvalue())) + buffer.getvalue())
+        sock.sendall(struct.pack(">i", len(request)) + request)
         stream = sock.makefile("rb")
         frame = stream.read(struct.unpack(">i", stream.read(4))[0])
     response, _ = entity_reader(FetchResponse)(frame, 5)  # correlation id, no tagged fields

@@ -45,7 +45,7 @@ import io
 import logging
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +76,6 @@ STREAM_LIMIT = 16 * 1024 * 1024
 OFFSET_OUT_OF_RANGE = 1
 # How often a held fetch asks the broker again: what records that arrive meanwhile wait at most.
 FETCH_POLL_S = 0.02
-# An answer this long holds records (an empty one is a few dozen bytes per partition).
-EMPTY_ANSWER_MAX = 64 * 1024
 NO_FETCH_SESSION = -1  # a fetch outside a session (KIP-227), as librdkafka sends: asking again is harmless
 
 # A v2 record batch header (the Kafka message format): base offset, batch length, leader epoch, magic,
@@ -306,18 +304,8 @@ class MarkerIndex:
             self._connection = await asyncio.open_connection(*self._address, limit=STREAM_LIMIT)
         reader, writer = self._connection
         self._correlation += 1
-        request = FetchRequest(
-            max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), isolation_level=i8(0), forgotten_topics_data=(),
-            topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
-                partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(2**31 - 1)),)),),
-        )
-        buffer = io.BytesIO()
-        entity_writer(RequestHeader)(buffer, RequestHeader(
-            request_api_key=i16(FETCH), request_api_version=i16(12), correlation_id=i32(self._correlation),
-            client_id="kafka-batch-front"))
-        entity_writer(FetchRequest)(buffer, request)
         try:
-            await _write_frame(writer, buffer.getvalue())
+            await _write_frame(writer, fetch_request(topic, partition, offset, self._correlation))
             frame = await _read_frame(reader)
         except (OSError, asyncio.IncompleteReadError):
             self._connection = None
@@ -329,6 +317,21 @@ class MarkerIndex:
         if data.error_code.value:
             raise OSError(f"{topic}[{partition}]: the broker answered error {data.error_code.name} to a log read")
         return data.records or b"", data.log_start_offset
+
+
+def fetch_request(topic: str, partition: int, offset: int, correlation: int, partition_max_bytes: int = 2**31 - 1,
+                  isolation_level: int = 0, client_id: str = "kafka-batch-front") -> bytes:
+    """A Fetch v12 of one partition that does not wait (read_uncommitted unless `isolation_level` 1), framed
+    without its size."""
+    request = FetchRequest(
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)), min_bytes=i32(0), isolation_level=i8(isolation_level),
+        forgotten_topics_data=(), topics=(FetchTopic(topic=topic, partitions=(FetchPartition(
+            partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(partition_max_bytes)),)),))
+    buffer = io.BytesIO()
+    entity_writer(RequestHeader)(buffer, RequestHeader(
+        request_api_key=i16(FETCH), request_api_version=i16(12), correlation_id=i32(correlation), client_id=client_id))
+    entity_writer(FetchRequest)(buffer, request)
+    return buffer.getvalue()
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
@@ -460,10 +463,10 @@ class FetchWait:
             self._connection[1].close()
             self._connection = None
 
-    async def answer(self, frame: bytes, request: PendingRequest) -> bytes:
-        """The answer to give for `request`, the broker's first `frame` if it is not an empty one."""
-        if not request.wait_s or not _nothing_fetched(frame, request.version):
-            return frame
+    async def answer(self, frame: bytes, response: Any, request: PendingRequest, read: Callable[[bytes], Any]
+                     ) -> tuple[bytes, Any]:
+        """The answer (frame, as `read` reads it) to give for `request`, whose broker's answer `frame` found
+        nothing: a later one with records or an error, else the last when the wait is over."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.wait_s
         while (left := deadline - loop.time()) > 0:
@@ -474,9 +477,10 @@ class FetchWait:
                 self.close()
                 break  # the broker's first answer stands; the client's own connection meets the fault
             frame = _with_correlation(again, struct.unpack_from(">i", frame, 0)[0], 0)
-            if not _nothing_fetched(frame, request.version):
+            response = read(frame)
+            if response is None or not _nothing_fetched(response):
                 break
-        return frame
+        return frame, response
 
     async def _ask(self, request_frame: bytes) -> bytes:
         if self._connection is None:
@@ -487,15 +491,8 @@ class FetchWait:
         return await _read_frame(reader)
 
 
-def _nothing_fetched(frame: bytes, version: int) -> bool:
+def _nothing_fetched(response) -> bool:
     """Whether a fetch answer holds no records and no error: the answer Kafka would have held."""
-    if len(frame) > EMPTY_ANSWER_MAX:
-        return False
-    schema = load_response_schema(FETCH, version)
-    try:
-        response, _ = entity_reader(schema)(frame, _header_size(frame, schema.__flexible__))
-    except Exception:  # noqa: BLE001 - an answer the schema does not fit: relayed as it is
-        return False
     if getattr(response, "error_code", None):  # a whole-request error (v7 on)
         return False
     return all(not data.records and not data.error_code.value for topic in response.responses for data in topic.partitions)
@@ -609,8 +606,7 @@ class KafkaFront:
                 (correlation,) = struct.unpack_from(">i", frame, 0)
                 request = link.pending.get(correlation)
                 if request is not None and request.api_key in (FETCH, *ADDRESS_ANSWERS, API_VERSIONS):
-                    # Held like Kafka holds it; the connection's later answers wait behind it, as there.
-                    frame = await self._answer(await link.fetch_wait.answer(frame, request), request, link)
+                    frame = await self._answer(frame, request, link)
                 async with link.writing:
                     await _write_frame(link.client, frame)
                 link.pending.pop(correlation, None)  # once written: an answer from a backlog may follow
@@ -623,11 +619,20 @@ class KafkaFront:
         schema = load_response_schema(request.api_key, request.version)
         flexible = schema.__flexible__ and request.api_key != API_VERSIONS  # its header is always v0
         start = _header_size(frame, flexible)
-        try:
-            response, _ = entity_reader(schema)(frame, start)
-        except Exception:  # noqa: BLE001 - an answer the schema does not fit (an error reply): as it is
-            LOG.warning("could not read a response to api %d v%d: relayed as it is", request.api_key,
-                        request.version, exc_info=True)
+
+        def read(frame: bytes):
+            try:
+                return entity_reader(schema)(frame, start)[0]
+            except Exception:  # noqa: BLE001 - an answer the schema does not fit (an error reply): as it is
+                LOG.warning("could not read a response to api %d v%d: relayed as it is", request.api_key,
+                            request.version, exc_info=True)
+                return None
+
+        response = read(frame)
+        if response is not None and request.wait_s and _nothing_fetched(response):
+            # Held like Kafka holds it; the connection's later answers wait behind it, as there.
+            frame, response = await link.fetch_wait.answer(frame, response, request, read)
+        if response is None:
             return frame
         if request.api_key == FETCH:
             changed = await self._fetch_answer(response, request, link)
