@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from kio.schema.fetch.v12.response import FetchResponse
 from kio.serial import entity_reader
@@ -269,3 +269,55 @@ def test_a_fetch_is_answered_with_the_bytes_it_asks_for_and_read_through_such_an
         assert keys == {0: [str(i).encode() for i in range(20_000)], 1: [str(i).encode() for i in range(10)]}
     finally:
         consumer.close()
+
+
+def test_a_transaction_open_across_a_restart_fails_as_abortable_and_leaves_no_record_or_offset_behind(broker):
+    """noida-db aborts a transaction open at its restart, then acknowledged its commit (offsets applied
+    to the group) and appended its producer's later records with no marker ever to end them, so every
+    read_committed reader stopped below them for good. Through the front such a transaction fails as
+    Apache Kafka fails one its coordinator aborted: abortable, so its producer aborts and begins again.
+    The expectation: what the producers know they committed, and no offset of a failed commit."""
+    state, base = broker
+    topic, source = f"front_{uuid.uuid4().hex[:8]}", f"front_src_{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": address(state, "kafka")})
+    for name in (topic, source):
+        admin.create_topics([NewTopic(name, 1)])[name].result()
+    group = Consumer({"bootstrap.servers": address(state, "kafka"), "group.id": f"front-{topic}"})
+
+    def producer(name: str) -> Producer:
+        made = Producer({"bootstrap.servers": address(state, "kafka"), "transactional.id": f"{topic}-{name}"})
+        made.init_transactions(30)
+        return made
+
+    # A zombie, open with records; one that sent its offsets too; then the broker restarts.
+    zombie, committing = producer("a"), producer("b")
+    for which in (zombie, committing):
+        which.begin_transaction()
+        for n in range(5):
+            which.produce(topic, f"lost-{n}".encode())
+        which.flush(30)
+    committing.send_offsets_to_transaction([TopicPartition(source, 0, 5)], group.consumer_group_metadata(), 30)
+    local_stack.stop_kafka(state)
+    local_stack.start_kafka(base, state)
+
+    successor = producer("a")  # the zombie's id taken over, as a retried attempt does
+    successor.begin_transaction()
+    successor.produce(topic, b"successor")
+    successor.commit_transaction(30)
+    for which in (zombie, committing):
+        with pytest.raises(KafkaException) as lost:
+            if which is zombie:  # records after the restart: never appended
+                which.produce(topic, b"after the restart")
+                which.flush(30)  # sent before its commit fails
+                which.send_offsets_to_transaction([TopicPartition(source, 0, 7)], group.consumer_group_metadata(), 30)
+            which.commit_transaction(30)
+        assert lost.value.args[0].code() == KafkaError.UNKNOWN_PRODUCER_ID and lost.value.args[0].txn_requires_abort()
+        which.abort_transaction(30)
+    committing.begin_transaction()  # its producer begins again
+    committing.produce(topic, b"again")
+    committing.commit_transaction(30)
+
+    found = read(address(state, "kafka"), topic, 0, 0, 1_048_576)  # to the partition's end: nothing left open
+    assert [found[key] for key in sorted(found)] == [b"successor", b"again"]
+    assert group.committed([TopicPartition(source, 0)], 30)[0].offset < 0  # no failed commit's offset
+    group.close()

@@ -10,9 +10,18 @@ import struct
 import pytest
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
-from kafka_batch_dev.kafka_front import TransactionMarkers, cut_records, kafka_listing, record_batches, whole_batches
+from kafka_batch_dev.kafka_front import (
+    TransactionMarkers,
+    cut_records,
+    kafka_listing,
+    placeholder_request,
+    produce_producer,
+    record_batches,
+    refusal_answer,
+    whole_batches,
+)
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 TRANSACTIONAL, CONTROL = 0x10, 0x20
@@ -139,3 +148,43 @@ def test_an_answer_is_cut_as_kafka_cuts_it_whole_batches_up_to_the_limit_and_at_
     # Nothing at or after the offset: nothing to give or keep.
     assert [bytes(part) for part in cut_records(whole, 13, 100)[:2]] == [b"", b""]
     assert bytes(cut_records(whole, 0, 10**9)[0]) == b"".join(LOG)
+
+
+def produce_request(version: int, transactional_id: str | None, records: bytes | None) -> bytes:
+    """A Produce request frame (header and body) as a client writes it, by kio's writers."""
+    from kio.index import load_request_schema
+    from kio.serial import entity_writer
+
+    schema = load_request_schema(0, version)
+    module = __import__(schema.__module__, fromlist=["TopicProduceData"])
+    request = schema(transactional_id=transactional_id, acks=i16(-1), timeout=i32Timedelta.parse(
+        datetime.timedelta(seconds=30)), topic_data=(module.TopicProduceData(name="pages", partition_data=(
+            module.PartitionProduceData(index=i32(3), records=records),)),))
+    buffer = io.BytesIO()
+    buffer.write(struct.pack(">hhih", 0, version, 41, 6) + b"client" + (b"\0" if schema.__flexible__ else b""))
+    entity_writer(schema)(buffer, request)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+def test_a_produce_request_is_read_by_hand_to_its_transaction_and_producer(version):
+    assert produce_producer(produce_request(version, "kafka-batch.p.out", batch(4711, range(5))), version) == (
+        "kafka-batch.p.out", 4711, 0)
+    assert produce_producer(produce_request(version, None, batch(12, range(1))), version) == (None, 12, 0)
+    assert produce_producer(produce_request(version, "t", None), version) is None
+
+
+def test_a_lost_transactions_request_is_refused_with_an_answer_kafka_clients_read_as_unknown_producer():
+    from kio.index import load_request_schema, load_response_schema
+    from kio.schema.errors import ErrorCode
+    from kio.serial import entity_reader
+
+    frame = produce_request(9, "t", batch(4711, range(5)))
+    schema = load_request_schema(0, 9)
+    request, _ = entity_reader(schema)(frame, 10 + 6 + 1)
+    answer = refusal_answer(schema, request, ErrorCode.unknown_producer_id)
+    response, _ = entity_reader(load_response_schema(0, 9))(answer, 1)  # after the header's tagged fields
+    assert [(t.name, [(p.index, p.error_code) for p in t.partition_responses]) for t in response.responses] == [
+        ("pages", [(3, ErrorCode.unknown_producer_id)])]
+    # Sent in its place: an ApiVersions v0 request with its correlation id and no client id.
+    assert struct.unpack(">hhih", placeholder_request(frame)) == (18, 0, 41, -1)

@@ -29,6 +29,16 @@ And it answers fetches in Kafka's measure:
   two cores from the reads beside it. The front asks the broker again every FETCH_POLL_S until
   records arrive or the wait is over (FetchWait).
 
+And a transaction open when the broker restarts fails as on Kafka, never silently (Transactions).
+noida-db aborts it at its restart (ABORT markers), then acknowledges its commit and applies the
+offsets sent in it (a batch recorded as published that no reader sees), and appends the records its
+producer sends after the restart with no marker ever to end them (every `read_committed` reader of
+the partition stops below them for good). Apache Kafka keeps such a transaction across a restart. The
+front keeps the open transactions in a file (`kafka-batch local` starts it with the broker); those
+open at its start are lost, and their producer is answered UNKNOWN_PRODUCER_ID ("the broker lost
+track of this producer"), which librdkafka makes an abortable error: nothing more of the transaction
+reaches the broker, its commit fails, the producer aborts and may begin again.
+
 The index lives in memory; it is dropped when the broker closes a connection (a restarted broker may
 have lost unflushed writes, and offsets could then name other records).
 """
@@ -42,15 +52,18 @@ import dataclasses
 import datetime
 import functools
 import io
+import json
 import logging
 import struct
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kio.index import load_request_schema as _load_request_schema
 from kio.index import load_response_schema as _load_response_schema
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.request_header.v2.header import RequestHeader
@@ -65,6 +78,8 @@ load_response_schema = functools.cache(_load_response_schema)
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 0, 1, 3, 10, 18, 19, 20, 21
 DESCRIBE_CLUSTER = 60
+INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
+TRANSACTION_APIS = (INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
 LOG_CHANGES = (CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS)  # after them a kept backlog may not be the log
 ADDRESS_ANSWERS = (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER)
 FRONT_CLUSTER_SUFFIX = "-front"
@@ -402,6 +417,8 @@ class PendingRequest:
     max_bytes: int = 2**31 - 1  # a fetch: the bytes its answer may take in all
     wait_s: float = 0.0  # a fetch Kafka would hold this long for records to arrive
     frame: bytes = b""  # such a fetch, to ask again
+    answer: bytes | None = None  # the front's own answer (its body), given in the broker's answer's place
+    ends: str | None = None  # the transactional id whose open transaction this request ends, answered without error
 
 
 @dataclass
@@ -498,10 +515,154 @@ def _nothing_fetched(response) -> bool:
     return all(not data.records and not data.error_code.value for topic in response.responses for data in topic.partitions)
 
 
+class Transactions:
+    """The broker's open transactions (transactional id: producer id and epoch), kept in `path` across
+    restarts. The front starts with the broker (`kafka-batch local` starts and stops them together), so a
+    transaction open at its start was aborted by the broker's restart: lost, until its producer aborts it
+    or bumps its epoch (one that never comes back leaves its entry, a few bytes). A lost transaction's
+    requests never reach the broker: the front answers them UNKNOWN_PRODUCER_ID (an abort: done) in the
+    place of the broker's answer to an ApiVersions request sent instead, so answers keep their order."""
+
+    def __init__(self, path: Path | None):
+        self._path = path
+        saved = json.loads(path.read_text()) if path is not None and path.exists() else {}
+        self.open: dict[str, tuple[int, int]] = {}
+        aborted = {(tid, *producer) for tid, producer in saved.get("open", {}).items()}
+        self.lost: set[tuple[str, int, int]] = aborted | {tuple(entry) for entry in saved.get("lost", ())}
+        if aborted:
+            LOG.warning("transactions open when the broker stopped, which its restart aborted: %s", sorted(aborted))
+            self._save()
+
+    def concerns(self, api_key: int, frame: bytes, version: int) -> bool:
+        """Whether the request is read here: a transaction's, or records of a lost transaction (a Produce is
+        read by hand, to its first batch's producer: the front never parses the records it relays)."""
+        if api_key in TRANSACTION_APIS:
+            return True
+        return api_key == PRODUCE and bool(self.lost) and produce_producer(frame, version) in self.lost
+
+    def request(self, frame: bytes, api_key: int, version: int) -> tuple[bytes, PendingRequest]:
+        """The request to send the broker (an ApiVersions in a refused one's place) and what its answer is."""
+        schema = load_request_schema(api_key, version)
+        request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        transactional_id, producer = _transaction_of(request)
+        if transactional_id is None:
+            return frame, PendingRequest(api_key, version)
+        lost = (transactional_id, *producer)
+        if api_key == INIT_PRODUCER_ID and lost in self.lost:  # its producer moves to a new epoch (KIP-360)
+            self.lost.discard(lost)
+            self._save()
+        elif lost in self.lost:
+            aborting = api_key == END_TXN and not request.committed
+            if aborting:  # the broker's restart aborted it already
+                self.lost.discard(lost)
+                self._save()
+            else:
+                LOG.warning("%s (producer %d, epoch %d): its transaction was aborted by the broker's restart;"
+                            " api %d v%d answered UNKNOWN_PRODUCER_ID", *lost, api_key, version)
+            error = ErrorCode.none if aborting else ErrorCode.unknown_producer_id
+            answer = refusal_answer(schema, request, error)
+            return placeholder_request(frame), PendingRequest(api_key, version, answer=answer)
+        if api_key in (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN) and self.open.get(transactional_id) != producer:
+            self.open[transactional_id] = producer  # saved before the broker can begin it
+            self._save()
+        ends = api_key in (INIT_PRODUCER_ID, END_TXN) and transactional_id in self.open
+        return frame, PendingRequest(api_key, version, ends=transactional_id if ends else None)
+
+    def answered(self, frame: bytes, request: PendingRequest) -> None:
+        """An EndTxn or InitProducerId answered without error: its id has no transaction open any more."""
+        schema = load_response_schema(request.api_key, request.version)
+        response, _ = entity_reader(schema)(frame, _header_size(frame, schema.__flexible__))
+        if response.error_code == ErrorCode.none and self.open.pop(request.ends, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        if self._path is not None:
+            partial = self._path.with_suffix(".partial")
+            partial.write_text(json.dumps({"open": self.open, "lost": sorted(self.lost)}))
+            partial.replace(self._path)
+
+
+def produce_producer(frame: bytes, version: int) -> tuple[str | None, int, int] | None:
+    """(transactional id, producer id, epoch) of a Produce request, read by hand up to its first record
+    batch's header; None without records."""
+    flexible = load_request_schema(PRODUCE, version).__flexible__
+
+    def length(pos: int, width: int) -> tuple[int, int]:
+        """A string's, bytes' or array's length (-1: null) and where what it measures starts."""
+        if flexible:  # stored plus one
+            value, size = read_unsigned_varint(frame, pos)
+            return value - 1, pos + size
+        return struct.unpack_from(">h" if width == 2 else ">i", frame, pos)[0], pos + width
+
+    size, pos = length(_request_body_offset(frame, flexible), 2)
+    transactional_id = None if size < 0 else bytes(frame[pos:pos + size]).decode()
+    topics, pos = length(pos + max(size, 0) + 6, 4)  # after acks and timeout
+    if topics < 1:
+        return None
+    name, pos = length(pos, 2)
+    partitions, pos = length(pos + name, 4)
+    if partitions < 1:
+        return None
+    records, pos = length(pos + 4, 4)  # after the first partition's index
+    if records < BATCH_HEADER.size:
+        return None
+    fields = BATCH_HEADER.unpack_from(frame, pos)
+    return transactional_id, fields[9], fields[10]
+
+
+def _transaction_of(request) -> tuple[str | None, tuple[int, int]]:
+    """(transactional id, (producer id, epoch)) of a transaction's request; a Produce's producer is its
+    first record batch's (a Produce request comes from one producer)."""
+    if hasattr(request, "topic_data"):  # Produce
+        records = next((d.records for t in request.topic_data for d in t.partition_data if d.records), None)
+        fields = BATCH_HEADER.unpack_from(records, 0) if records else (None,) * 11
+        return request.transactional_id, (fields[9], fields[10])
+    if hasattr(request, "v3_and_below_transactional_id"):  # AddPartitionsToTxn up to v3 (v4 on: brokers only)
+        return request.v3_and_below_transactional_id, (request.v3_and_below_producer_id,
+                                                      request.v3_and_below_producer_epoch)
+    return getattr(request, "transactional_id", None), (getattr(request, "producer_id", -1),
+                                                        getattr(request, "producer_epoch", -1))
+
+
+def placeholder_request(frame: bytes) -> bytes:
+    """An ApiVersions v0 request with the request's correlation id: the broker's answer to it holds the
+    place of the refused request's answer among the connection's answers."""
+    return struct.pack(">hhih", API_VERSIONS, 0, struct.unpack_from(">i", frame, 4)[0], -1)
+
+
+def refusal_answer(request_schema, request, error: ErrorCode) -> bytes:
+    """The body of the answer to a transaction's request that gives `error` for all of it."""
+    module = sys.modules[request_schema.__module__.replace(".request", ".response")]
+    schema = load_response_schema(request_schema.__api_key__, request_schema.__version__)
+    no_wait = i32Timedelta.parse(datetime.timedelta(0))
+    if hasattr(request, "topic_data"):  # Produce
+        response = schema(responses=tuple(module.TopicProduceResponse(name=t.name, partition_responses=tuple(
+            module.PartitionProduceResponse(index=p.index, error_code=error, base_offset=i64(-1), record_errors=())
+            for p in t.partition_data)) for t in request.topic_data))
+    elif hasattr(request, "v3_and_below_topics"):  # AddPartitionsToTxn
+        response = schema(throttle_time=no_wait, results_by_topic_v3_and_below=tuple(
+            module.AddPartitionsToTxnTopicResult(name=t.name, results_by_partition=tuple(
+                module.AddPartitionsToTxnPartitionResult(partition_index=p, partition_error_code=error)
+                for p in t.partitions)) for t in request.v3_and_below_topics))
+    elif hasattr(request, "topics"):  # TxnOffsetCommit
+        response = schema(throttle_time=no_wait, topics=tuple(module.TxnOffsetCommitResponseTopic(
+            name=t.name, partitions=tuple(module.TxnOffsetCommitResponsePartition(
+                partition_index=p.partition_index, error_code=error) for p in t.partitions)) for t in request.topics))
+    else:  # AddOffsetsToTxn, EndTxn
+        response = schema(throttle_time=no_wait, error_code=error)
+    buffer = io.BytesIO()
+    if schema.__flexible__:
+        buffer.write(b"\0")  # the response header's tagged fields: none
+    entity_writer(schema)(buffer, response)
+    return buffer.getvalue()
+
+
 class KafkaFront:
-    def __init__(self, listen_host: str, listen_port: int, upstream_host: str, upstream_port: int):
+    def __init__(self, listen_host: str, listen_port: int, upstream_host: str, upstream_port: int,
+                 transactions: Path | None = None):
         self.listen = (listen_host, listen_port)
         self.upstream = (upstream_host, upstream_port)
+        self.transactions = Transactions(transactions)
         self.index = MarkerIndex(upstream_host, upstream_port)
         self.generation = 0  # of the logs: a topic made, deleted or cut since makes every kept backlog stale
 
@@ -540,14 +701,18 @@ class KafkaFront:
                         async with link.writing:  # nothing in flight: this answer is the next one due
                             await _write_frame(link.client, answer)
                         continue
+                elif self.transactions.concerns(api_key, frame, version):
+                    frame, request = self.transactions.request(frame, api_key, version)
                 else:
                     request = PendingRequest(api_key, version)
                 if api_key in LOG_CHANGES:
                     self.generation += 1
                     if api_key != DELETE_RECORDS:  # a name may now hold another log
                         self.index.forget(self._topics_named(frame, api_key, version))
-                if api_key != PRODUCE:  # (acks=0 has no answer; a producer's connection never fetches)
-                    link.pending[correlation] = request  # answers go back in order: a fetch's waits for them
+                # Answers go back in order: a fetch's waits for them. (A Produce with acks=0 has no answer, and
+                # a producer's connection never fetches; a transaction's Produce has acks=all.)
+                if api_key != PRODUCE or request.answer is not None:
+                    link.pending[correlation] = request
                 await _write_frame(link.broker, frame)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
@@ -605,8 +770,12 @@ class KafkaFront:
                 frame = await _read_frame(reader)
                 (correlation,) = struct.unpack_from(">i", frame, 0)
                 request = link.pending.get(correlation)
-                if request is not None and request.api_key in (FETCH, *ADDRESS_ANSWERS, API_VERSIONS):
+                if request is not None and request.answer is not None:  # refused: the broker's answer held its place
+                    frame = frame[:4] + request.answer
+                elif request is not None and request.api_key in (FETCH, *ADDRESS_ANSWERS, API_VERSIONS):
                     frame = await self._answer(frame, request, link)
+                elif request is not None and request.ends is not None:
+                    self.transactions.answered(frame, request)
                 async with link.writing:
                     await _write_frame(link.client, frame)
                 link.pending.pop(correlation, None)  # once written: an answer from a backlog may follow
@@ -715,9 +884,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True, help="where clients connect")
     parser.add_argument("--broker-port", type=int, required=True, help="the broker's own port")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--transactions", type=Path,
+                        help="the file of the broker's open transactions (the front starts with the broker)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    front = KafkaFront(args.host, args.port, args.host, args.broker_port)
+    front = KafkaFront(args.host, args.port, args.host, args.broker_port, args.transactions)
     try:
         import uvloop
 

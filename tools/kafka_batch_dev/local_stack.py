@@ -337,6 +337,7 @@ KAFKA = "the Kafka broker"
 # What noida-db says when its data file was cut short (it rewrites the file after writes; see BROKER.md).
 DAMAGED_DATA = "failed to parse kafka snapshot"
 KAFKA_FRONT = "the Kafka broker's front"
+KAFKA_TRANSACTIONS = "kafka-transactions.json"  # the broker's open transactions, kept by its front across restarts
 
 
 def start_kafka(base: Path, state: dict) -> None:
@@ -358,7 +359,7 @@ def start_kafka(base: Path, state: dict) -> None:
         raise
     port = state.get("kafka_port") or free_port()
     command = [sys.executable, "-m", "kafka_batch_dev.kafka_front", "--port", str(port),
-               "--broker-port", str(broker_port)]
+               "--broker-port", str(broker_port), "--transactions", str(base / KAFKA_TRANSACTIONS)]
     _start_service(base, state, "kafka", KAFKA_FRONT, command, port)
 
 
