@@ -129,6 +129,34 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_stopping_the_broker_waits_until_it_has_saved_every_record_it_acknowledged(tmp_path):
+    """noida-db keeps writes in memory and saves all it holds a moment later; killed before (it ignores
+    SIGTERM), it loses records it acknowledged. Stopping it waits for the save. The expectation: what
+    the producer's delivery reports acknowledged, counted after a restart."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    records, state = 300_000, {}
+    try:
+        local_stack.start_kafka(tmp_path, state)
+        bootstrap = f"127.0.0.1:{state['kafka_port']}"
+        producer, acknowledged = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20}), []
+        for n in range(records):
+            while True:
+                try:
+                    producer.produce("saved", b"%d" % n, on_delivery=lambda e, m: acknowledged.append(e is None))
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        assert producer.flush(60) == 0 and acknowledged.count(True) == records
+        local_stack.stop_kafka(state)  # at once: the broker is still saving
+        local_stack.start_kafka(tmp_path, state)
+        consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{state['kafka_port']}", "group.id": "saved"})
+        assert consumer.get_watermark_offsets(TopicPartition("saved", 0), 30) == (0, records)
+        consumer.close()
+    finally:
+        local_stack.stop_kafka(state)
+
+
 def test_a_broker_data_file_cut_short_is_said_with_what_to_do(tmp_path):
     """noida-db rewrites its one data file after writes; killed meanwhile, it leaves the file cut short and
     then refuses to start. `up` says so in one line naming the directory and `make clean`."""
