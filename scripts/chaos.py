@@ -193,8 +193,8 @@ def write_transaction(producer: Producer, topic: str, partitions: int, size: int
 
 
 def commit_late(producer: Producer) -> None:
-    """Commit the transaction `produce` left open; one a broker restarted under (the strike's) lost fails
-    as abortable, and is aborted, as an exactly-once producer does (its records are then never visible)."""
+    """Commit the transaction `produce` left open. A broker restart (the strike's) loses it: its commit
+    fails as abortable, and it is aborted, as an exactly-once producer does (its records never show)."""
     try:
         producer.commit_transaction()
     except KafkaException as exc:

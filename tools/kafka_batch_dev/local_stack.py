@@ -403,11 +403,11 @@ def stop_kafka(state: dict) -> set[int]:
     """Stop the front (no more writes reach the broker), wait until the broker has saved what it
     acknowledged, then stop its process group (it ignores SIGTERM: SIGKILL once saved); return survivors."""
     left = _stop_service(state, "kafka", KAFKA_FRONT)
-    saved = _service_running(state, "kafka_broker") and wait_until_broker_saved(state["kafka_broker_pid"])
+    saved = _service_running(state, "kafka_broker") and _wait_until_broker_saved(state["kafka_broker_pid"])
     return left | _stop_service(state, "kafka_broker", KAFKA, grace=0.0 if saved else KAFKA_STOP_GRACE)
 
 
-def wait_until_broker_saved(launcher: int) -> bool:
+def _wait_until_broker_saved(launcher: int) -> bool:
     """Whether noida-db (the child of its launcher `launcher`) has saved its data: its saving thread idle
     for KAFKA_SAVED_QUIET_S, within KAFKA_SAVE_WAIT_S. It keeps writes in memory and saves them a
     moment later; killed before, it loses records it acknowledged (seen: 697,045 of 1,000,000 produced
