@@ -252,5 +252,9 @@ def _identities(group: Consumer, group_id: str, partitions: Iterable[tuple[str, 
 
 
 def _service_error(what: str, exc: KafkaException) -> ServiceError:
-    """The broker did not do it: a new attempt (a new producer) may."""
-    return ServiceError(f"{what}: {exc.args[0].str()}")
+    """The broker did not do it: a new attempt (a new producer) may. An abortable error (the broker
+    lost the transaction, as a restarted embedded broker does) says that nothing of it is visible."""
+    error = exc.args[0]
+    aborted = "; nothing of the transaction is visible, a new attempt publishes the batch" if (
+        error.txn_requires_abort()) else ""
+    return ServiceError(f"{what}: {error.str()}{aborted}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_batch.errors import ServiceError
-from kafka_batch.kafka_publish import Decision, Published, decide, transactional_id
+from kafka_batch.kafka_publish import Decision, Published, _service_error, decide, transactional_id
 
 
 def test_an_identity_round_trips_through_an_offsets_metadata():
@@ -25,3 +25,14 @@ def test_found_committed_or_blocked():
 
 def test_one_transactional_id_per_pipeline_and_topic():
     assert transactional_id("page_views", "totals") == "kafka-batch.page_views.totals"
+
+
+def test_a_transaction_the_broker_lost_is_said_to_have_published_nothing():
+    from confluent_kafka import KafkaError, KafkaException
+
+    lost = KafkaException(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "unknown producer id", txn_requires_abort=True))
+    assert str(_service_error("publishing batch 7 to 'out'", lost)) == (
+        "publishing batch 7 to 'out': unknown producer id; nothing of the transaction is visible, a new attempt"
+        " publishes the batch")
+    down = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    assert str(_service_error("publishing batch 7 to 'out'", down)) == "publishing batch 7 to 'out': broker down"
