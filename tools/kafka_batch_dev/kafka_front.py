@@ -538,12 +538,22 @@ class Transactions:
         read by hand, to its first batch's producer: the front never parses the records it relays)."""
         if api_key in TRANSACTION_APIS:
             return True
-        return api_key == PRODUCE and bool(self.lost) and produce_producer(frame, version) in self.lost
+        if api_key != PRODUCE or not self.lost:
+            return False
+        try:
+            return produce_producer(frame, version) in self.lost
+        except Exception:  # noqa: BLE001 - a request the front cannot read is relayed as it is
+            LOG.warning("could not read a Produce request v%d: relayed as it is", version, exc_info=True)
+            return False
 
     def request(self, frame: bytes, api_key: int, version: int) -> tuple[bytes, PendingRequest]:
         """The request to send the broker (an ApiVersions in a refused one's place) and what its answer is."""
-        schema = load_request_schema(api_key, version)
-        request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        try:
+            schema = load_request_schema(api_key, version)
+            request, _ = entity_reader(schema)(frame, _request_body_offset(frame, schema.__flexible__))
+        except Exception:  # noqa: BLE001 - a request the front cannot read is relayed as it is
+            LOG.warning("could not read a request to api %d v%d: relayed as it is", api_key, version, exc_info=True)
+            return frame, PendingRequest(api_key, version)
         transactional_id, producer = _transaction_of(request)
         if transactional_id is None:
             return frame, PendingRequest(api_key, version)
