@@ -130,9 +130,9 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
 
 
 def test_stopping_the_broker_waits_until_it_has_saved_every_record_it_acknowledged(tmp_path):
-    """noida-db keeps writes in memory and saves all it holds a moment later; killed before (it ignores
-    SIGTERM), it loses records it acknowledged. Stopping it waits for the save. The expectation: what
-    the producer's delivery reports acknowledged, counted after a restart."""
+    """noida-db keeps writes in memory and saves all it holds a moment later; killed before that save
+    ends, it loses records it acknowledged. Stopping it lets the save end. The expectation: what the
+    producer's delivery reports acknowledged, counted after a restart."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     records, state = 300_000, {}

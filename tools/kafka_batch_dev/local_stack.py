@@ -53,13 +53,13 @@ PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
 PIPELINE_ROLE = "kafka_batch_pipeline"  # sql/roles.sql: what the pipeline logs in as
 AIRFLOW_DATABASE = "airflow"
-KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for a service (the broker: when its save cannot be watched)
+KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for a service (and an Airflow component's leftovers)
 PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to disappear
-# noida-db saves its data (the whole of it, each time) about a second after writes: its saving thread
-# idle this long means what it acknowledged is on disk.
+# A broker asked to stop that used no CPU for this long is not saving its data (noida-db's saves run
+# without a pause: all it holds, each time).
 KAFKA_SAVED_QUIET_S = 2.5
-KAFKA_SAVE_WAIT_S = 900.0  # the longest `down` waits for that (a save of gigabytes takes minutes)
+KAFKA_SAVE_WAIT_S = 900.0  # the longest `down` waits for a broker at work past KAFKA_STOP_GRACE (minutes for gigabytes)
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 AIRFLOW_STOP_GRACE = 30.0  # seconds a component gets to stop its own workers
 AIRFLOW_PORT = 8080  # the api-server's port when it is free, else any free one (kept across restarts)
@@ -99,14 +99,15 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, parent pid, process group, start time in clock ticks) from /proc; None if no such process."""
+def _proc_stat(pid: int) -> tuple[str, int, int, int, int] | None:
+    """(state, parent pid, process group, start time, CPU used (user and system), the last two in clock
+    ticks) from /proc; None if no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def _has_proc() -> bool:
@@ -400,75 +401,47 @@ def _service_running(state: dict, key: str) -> bool:
 
 
 def stop_kafka(state: dict) -> set[int]:
-    """Stop the front (no more writes reach the broker), wait until the broker has saved what it
-    acknowledged, then stop its process group (it ignores SIGTERM: SIGKILL once saved); return survivors."""
-    left = _stop_service(state, "kafka", KAFKA_FRONT)
-    saved = _service_running(state, "kafka_broker") and _wait_until_broker_saved(state["kafka_broker_pid"])
-    return left | _stop_service(state, "kafka_broker", KAFKA, grace=0.0 if saved else KAFKA_STOP_GRACE)
+    """Stop the front (no more writes reach the broker), then the broker's process group: on SIGTERM
+    noida-db saves all it holds and exits, and a save of gigabytes outlasts KAFKA_STOP_GRACE, so a broker
+    still at work then is waited for (_wait_while_busy); return survivors."""
+    return _stop_service(state, "kafka", KAFKA_FRONT) | _stop_service(state, "kafka_broker", KAFKA, busy_wait=True)
 
 
-def _wait_until_broker_saved(launcher: int) -> bool:
-    """Whether noida-db (the child of its launcher `launcher`) has saved its data: its saving thread idle
-    for KAFKA_SAVED_QUIET_S, within KAFKA_SAVE_WAIT_S. It keeps writes in memory and saves them a
-    moment later; killed before, it loses records it acknowledged (seen: 697,045 of 1,000,000 produced
-    were left after a restart), or leaves its data file cut short. False where its saving thread
-    cannot be found (no /proc, another noida-db)."""
-    thread = _broker_saving_thread(launcher)
-    if thread is None:
-        return False
+def _wait_while_busy(pids: set[int]) -> set[int]:
+    """Wait while any of `pids` still runs and used CPU in the last KAFKA_SAVED_QUIET_S (KAFKA_SAVE_WAIT_S at
+    most); return those still running. noida-db keeps writes in memory and saves them to one data file;
+    killed before a save ends, it loses records it acknowledged (seen: 697,045 of 1,000,000 left after a
+    SIGKILL a second after they were acknowledged) or leaves the file cut short."""
     started = quiet_since = time.monotonic()
-    used, said = _thread_cpu(thread), False
-    while used is not None and time.monotonic() - quiet_since < KAFKA_SAVED_QUIET_S:
+    used, said = None, False
+    while (alive := {pid for pid in pids if _pid_alive(pid)}) and time.monotonic() - quiet_since < KAFKA_SAVED_QUIET_S:
         if time.monotonic() - started > KAFKA_SAVE_WAIT_S:
-            print(f"kafka-batch local: {KAFKA} was still saving its data after {KAFKA_SAVE_WAIT_S:g}s; stopping it"
-                  " anyway (what it has not saved is lost)", file=sys.stderr)
-            return False
+            print(f"kafka-batch local: {KAFKA} was still saving its data after {KAFKA_SAVE_WAIT_S:g}s more", file=sys.stderr)
+            break
+        now = sum(info[4] for info in map(_proc_stat, alive) if info is not None)
+        if now != used:
+            used, quiet_since = now, time.monotonic()
         if not said and time.monotonic() - started > 5:
             print(f"kafka-batch local: waiting for {KAFKA} to save its data (it saves all it holds each time)",
                   file=sys.stderr)
             said = True
         time.sleep(0.1)
-        now = _thread_cpu(thread)
-        if now != used:
-            used, quiet_since = now, time.monotonic()
-    return used is not None
+    return {pid for pid in pids if _pid_alive(pid)}
 
 
-def _broker_saving_thread(launcher: int) -> Path | None:
-    """The /proc entry of noida-db's saving thread (named "autosave"), under its launcher's children."""
-    try:
-        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-        for child in children:
-            for task in Path(f"/proc/{child}/task").iterdir():
-                if (task / "comm").read_text().strip() == "autosave":
-                    return task
-    except OSError:
-        pass
-    return None
-
-
-def _thread_cpu(task: Path) -> int | None:
-    """Clock ticks a thread has run (user and system); None once it is gone."""
-    try:
-        raw = (task / "stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def _stop_service(state: dict, key: str, what: str, grace: float = KAFKA_STOP_GRACE) -> set[int]:
-    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after `grace`
-    (at once without one); return survivors."""
+def _stop_service(state: dict, key: str, what: str, busy_wait: bool = False) -> set[int]:
+    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after KAFKA_STOP_GRACE
+    (with `busy_wait`, once it is no longer at work either: _wait_while_busy); return survivors."""
     if not _service_running(state, key):
         return set()
     pid = state[f"{key}_pid"]
     groups = {pid} if _is_group_leader(pid) else set()
-    left = stop_processes({pid}, groups, [(signal.SIGTERM, grace)]) if grace else {pid}
-    if left and grace:
-        print(f"kafka-batch local: {what} ignored SIGTERM for {grace:g}s "
-              f"({_describe_processes(left)}): sending SIGKILL", file=sys.stderr)
+    left = stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
+    if left and busy_wait:
+        left = _wait_while_busy(left)
     if left:
+        print(f"kafka-batch local: {what} ignored SIGTERM ({_describe_processes(left)}): sending SIGKILL",
+              file=sys.stderr)
         left = stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
     return left
 
