@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from kafka_batch_dev import local_stack
+from kafka_batch_dev import local_stack, sample_data
 from tests.unit.test_local_stack import gone, stubborn_command, wait_for_file
 
 pytestmark = [
@@ -141,12 +141,7 @@ def test_stopping_the_broker_waits_until_it_has_saved_every_record_it_acknowledg
         bootstrap = f"127.0.0.1:{state['kafka_port']}"
         producer, acknowledged = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20}), []
         for n in range(records):
-            while True:
-                try:
-                    producer.produce("saved", b"%d" % n, on_delivery=lambda e, m: acknowledged.append(e is None))
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            sample_data.send(producer, "saved", None, b"%d" % n, on_delivery=lambda e, m: acknowledged.append(e is None))
         assert producer.flush(60) == 0 and acknowledged.count(True) == records
         local_stack.stop_kafka(state)  # at once: the broker is still saving
         local_stack.start_kafka(tmp_path, state)

@@ -554,7 +554,11 @@ class Transactions:
         except Exception:  # noqa: BLE001 - a request the front cannot read is relayed as it is
             LOG.warning("could not read a request to api %d v%d: relayed as it is", api_key, version, exc_info=True)
             return frame, PendingRequest(api_key, version)
-        transactional_id, producer = _transaction_of(request)
+        if api_key == PRODUCE:  # (read here only as a lost transaction's: concerns)
+            read = produce_producer(frame, version)
+            transactional_id, producer = read[0], read[1:]
+        else:
+            transactional_id, producer = _transaction_of(request)
         if transactional_id is None:
             return frame, PendingRequest(api_key, version)
         lost = (transactional_id, *producer)
@@ -621,12 +625,7 @@ def produce_producer(frame: bytes, version: int) -> tuple[str | None, int, int] 
 
 
 def _transaction_of(request) -> tuple[str | None, tuple[int, int]]:
-    """(transactional id, (producer id, epoch)) of a transaction's request; a Produce's producer is its
-    first record batch's (a Produce request comes from one producer)."""
-    if hasattr(request, "topic_data"):  # Produce
-        records = next((d.records for t in request.topic_data for d in t.partition_data if d.records), None)
-        fields = BATCH_HEADER.unpack_from(records, 0) if records else (None,) * 11
-        return request.transactional_id, (fields[9], fields[10])
+    """(transactional id, (producer id, epoch)) of a transaction's request (a Produce's: produce_producer)."""
     if hasattr(request, "v3_and_below_transactional_id"):  # AddPartitionsToTxn up to v3 (v4 on: brokers only)
         return request.v3_and_below_transactional_id, (request.v3_and_below_producer_id,
                                                       request.v3_and_below_producer_epoch)
