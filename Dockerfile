@@ -5,5 +5,5 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
 WORKDIR /opt/kafka-batch
 COPY pyproject.toml constraints.txt ./
 COPY plugins ./plugins
-RUN pip install --no-cache-dir -c constraints.txt -e .
+RUN pip install --no-cache-dir -c constraints.txt -e . && python -m compileall -q plugins
 ENV AIRFLOW_HOME=/opt/airflow PYSPARK_PYTHON=python3

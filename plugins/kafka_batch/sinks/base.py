@@ -69,11 +69,25 @@ class RangeCounts:
 
 def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
     """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
-    totals = result.group_by("range_id").aggregate([("records", "sum"), ("tombstones", "sum"), ("invalid", "sum")])
-    return {
-        row["range_id"]: RangeCounts(row["records_sum"] or 0, row["tombstones_sum"] or 0, row["invalid_sum"] or 0)
-        for row in totals.to_pylist()
-    }
+    totals = sums_by_range(result, ("records", "tombstones", "invalid"))
+    return {row["range_id"]: RangeCounts(row["records"], row["tombstones"], row["invalid"]) for row in totals.to_pylist()}
+
+
+def sums_by_range(table: pa.Table, counts: Sequence[str]) -> pa.Table:
+    """The integer columns `counts` summed per `range_id` (a null as 0), one row per range in range order.
+    In numpy rather than pyarrow's group_by, whose engine (acero) a driver would import for this alone:
+    0.3 s of every batch."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = table["range_id"]
+    ranges = pc.unique(ids).sort()
+    which = pc.index_in(ids, value_set=ranges).to_numpy()
+    # Float sums are exact up to 2**53: far above any count of records.
+    sums = {column: np.bincount(which, table[column].cast(pa.int64()).fill_null(0).to_numpy(), len(ranges))
+            for column in counts}
+    return pa.table({"range_id": ranges.cast(pa.int64()), **{c: pa.array(v.astype(np.int64)) for c, v in sums.items()}})
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from psycopg2 import sql
 
-from kafka_batch.sinks.base import RangeCounts, copy_arrow, same
+from kafka_batch.sinks.base import RangeCounts, copy_arrow, same, sums_by_range
 
 if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
@@ -123,10 +123,9 @@ def _per_range(range_ids: pa.Array) -> list[tuple[int, int]]:
 
 def reported(report: pa.Table, stage: str) -> tuple[dict[int, RangeCounts], StagedRows]:
     """The tasks' reports summed: per range the counts, and the rows staged in all."""
-    totals = report.group_by("range_id").aggregate([(c, "sum") for c in (*COUNTS, "staged")])
-    counts = {row["range_id"]: RangeCounts(row["records_sum"], row["tombstones_sum"], row["invalid_sum"])
-              for row in totals.to_pylist()}
-    return counts, StagedRows(stage, sum(row["staged_sum"] for row in totals.to_pylist()))
+    totals = sums_by_range(report, (*COUNTS, "staged")).to_pylist()
+    counts = {row["range_id"]: RangeCounts(row["records"], row["tombstones"], row["invalid"]) for row in totals}
+    return counts, StagedRows(stage, sum(row["staged"] for row in totals))
 
 
 def per_range(range_ids: pa.Array, records: pa.Array, tombstones: pa.Array, invalid: pa.Array) -> pa.Table:
@@ -135,5 +134,4 @@ def per_range(range_ids: pa.Array, records: pa.Array, tombstones: pa.Array, inva
     import pyarrow as pa
     table = pa.table({"range_id": range_ids, **{c: a.cast(pa.int64()) for c, a in zip(
         COUNTS, (records, tombstones, invalid), strict=True)}})
-    summed = table.group_by("range_id").aggregate([(c, "sum") for c in COUNTS])
-    return pa.table({"range_id": summed["range_id"], **{c: summed[f"{c}_sum"] for c in COUNTS}})
+    return sums_by_range(table, COUNTS)

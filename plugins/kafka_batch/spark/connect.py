@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kafka_batch import connections, errors, timings
+from kafka_batch import collector, connections, errors, timings
 from kafka_batch.connections import ConnectionFields
 from kafka_batch.spark.package import package_zip
 
@@ -158,10 +158,11 @@ class ConnectExecution:
             self._run()
 
     def _run(self) -> None:
-        from kafka_batch.spark import job
+        with collector.paused():  # the job's and Spark Connect's imports
+            from kafka_batch.spark import job
 
-        timings.mark("job_main")
-        self._spark = spark = session(self.spark_conn)
+            timings.mark("job_main")
+            self._spark = spark = session(self.spark_conn)
         timings.mark("session_ready")
         try:
             job.run_batch(spark, self.postgres, self.batch_id, self.try_number, self.mode,

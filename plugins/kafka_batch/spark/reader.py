@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from kafka_batch import timings
+from kafka_batch import collector, timings
 from kafka_batch.kafka_source import read_partitions
 from kafka_batch.ranges import OffsetRange
 
@@ -135,16 +135,17 @@ def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings:
     size = int(settings["consume_batch_size"])
     pending: list[pa.RecordBatch] = []
     rows = 0
-    for r, messages in read_partitions(
-        kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
-    ):
-        pending.append(messages_to_arrow(messages, r, columns, decoder))
-        rows += len(messages)
-        if rows >= size:
+    with collector.paused():  # a Message per record, never in a cycle
+        for r, messages in read_partitions(
+            kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
+        ):
+            pending.append(messages_to_arrow(messages, r, columns, decoder))
+            rows += len(messages)
+            if rows >= size:
+                yield _joined(pending)
+                pending, rows = [], 0
+        if pending:
             yield _joined(pending)
-            pending, rows = [], 0
-    if pending:
-        yield _joined(pending)
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
