@@ -226,11 +226,11 @@ def raw_read(env: Env, ranges) -> int:
 
 
 def project_read(env: Env, pipeline, ranges) -> int:
-    from kafka_batch.spark.job import _columns, _decoder
+    from kafka_batch.spark.job import _columns, _decoder, _values
 
     decoder = _decoder(pipeline, lambda _pipeline: None)
     return sum(b.num_rows for b in read_task(env.kafka, list(ranges), pipeline.read.model_dump(), _columns(pipeline),
-                                             decoder))
+                                             decoder, _values(pipeline)))
 
 
 def baseline_tables(env: Env, name: str) -> list[tuple[str, str]]:

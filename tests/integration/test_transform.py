@@ -1,7 +1,8 @@
 """The Spark transform on a local session with tiny fixtures (expectations written by hand).
 
-Each test runs twice: on records as Spark's from_json parses them, and on records whose fields the
-reader parsed where it could (`json_fields`; each record its own chunk, so parsed and left ones mix).
+Each test runs three times: on records as Spark's from_json parses them, on records whose fields the
+reader parsed where it could (`json_fields`; each record its own chunk, so parsed and left ones mix), and
+on those as a batch's read gives them, the values of parsed chunks left out (reader.VALUES "unparsed").
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
+from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.json_fields import JsonFields, parse_values
-from kafka_batch.spark.reader import ALL_COLUMNS, arrow_schema, record_schema
+from kafka_batch.spark.reader import ALL_COLUMNS, arrow_schema, messages_to_arrow, record_schema
 from kafka_batch.spark.transform import invalid_records, parse_records
 
 pytestmark = pytest.mark.integration
@@ -28,12 +31,19 @@ def record(offset, value, ts="2026-01-01T12:00:30", range_id=1):
     return (range_id, "pv", 0, offset, timestamp, 0, b"k", body, None)
 
 
-@pytest.fixture(params=["from_json", "reader"])
+@pytest.fixture(params=["from_json", "reader", "reader, parsed values left out"])
 def records(spark, request):
     """rows, pipeline -> the records DataFrame the reader would give, with or without parsed fields."""
     def frame(rows, pipeline=PIPELINE):
         if request.param == "from_json":
             return spark.createDataFrame(rows, record_schema())
+        if request.param == "reader, parsed values left out":
+            decoder = JsonFields(pipeline.fields)
+            return spark.createDataFrame(pa.Table.from_batches([messages_to_arrow(
+                [Message(topic=topic, partition=partition, offset=offset, key=key, value=value,
+                         timestamp=(TIMESTAMP_CREATE_TIME, int(timestamp.timestamp() * 1000)))],
+                OffsetRange(topic, partition, 0, 10**9, range_id=range_id), ALL_COLUMNS, decoder, values="unparsed",
+            ) for range_id, topic, partition, offset, timestamp, _, key, value, _ in rows]))
         schema = arrow_schema(ALL_COLUMNS, JsonFields(pipeline.fields))
         return spark.createDataFrame(pa.Table.from_batches([
             pa.RecordBatch.from_arrays(

@@ -9,7 +9,8 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
 from kafka_batch.ranges import OffsetRange
-from kafka_batch.spark.reader import messages_to_arrow
+from kafka_batch.spark.json_fields import PARSED, JsonFields, field_column
+from kafka_batch.spark.reader import BASE_COLUMNS, VALUE_BYTES, messages_to_arrow
 
 RANGE = OffsetRange("t", 3, 0, 100, range_id=7)
 WANTED = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type")
@@ -51,3 +52,29 @@ def test_a_timestamp_before_1970_is_kept():
 
 def test_an_empty_chunk_has_empty_columns():
     assert columns([]) == {name: [] for name in WANTED}
+
+
+def chunk(values):
+    return [Message(topic="t", partition=3, offset=i, key=None, value=v, timestamp=(TIMESTAMP_CREATE_TIME, 1_000))
+            for i, v in enumerate(values)]
+
+
+PAGE = JsonFields({"page": "string"})
+
+
+def test_a_chunk_the_reader_parsed_ships_its_values_lengths_only_when_asked():
+    values = [b'{"page": "/a"}', None, b'{"page": "/bc", "x": 1}']
+    left_out = messages_to_arrow(chunk(values), RANGE, BASE_COLUMNS, PAGE, values="unparsed").to_pydict()
+    assert left_out["value"] == [None, None, None]
+    assert left_out[VALUE_BYTES] == [14, None, 23]  # a tombstone's is null
+    assert left_out[PARSED] == [True, True, True] and left_out[field_column("page")] == ["/a", None, "/bc"]
+    whole = messages_to_arrow(chunk(values), RANGE, BASE_COLUMNS, PAGE).to_pydict()
+    assert whole["value"] == values and VALUE_BYTES not in whole
+
+
+@pytest.mark.parametrize("decoder", [PAGE, None])
+def test_values_not_parsed_in_the_reader_are_shipped_whole(decoder):
+    """from_json parses them (and the quarantine keeps them): a chunk pyarrow refused, or no decoder."""
+    values = [b'{"page": "/a"}', b"not json", None]
+    got = messages_to_arrow(chunk(values), RANGE, BASE_COLUMNS, decoder, values="unparsed").to_pydict()
+    assert got["value"] == values and got[VALUE_BYTES] == [14, 8, None]

@@ -210,3 +210,9 @@ class Decoded:
 
     def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array]:
         return self.value.decode(values) + (self.key.decode(keys) if self.key is not None else [])
+
+    @staticmethod
+    def replaces_values(decoded: list[pa.Array]) -> bool:
+        """Never: its values are decoded record by record, and a chunk may mix decoded values and values
+        that did not decode (the reader leaves out only whole chunks of values)."""
+        return False

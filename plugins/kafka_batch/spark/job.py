@@ -33,7 +33,7 @@ from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.json_fields import JsonFields, parses_in_reader
-from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, read_ranges
+from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, expression_words, read_ranges
 from kafka_batch.spark.transform import invalid_records, parse_records
 
 log = logging.getLogger("kafka_batch.job")
@@ -269,7 +269,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
-    read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder)
+    read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder,
+                       _values(pipeline))
     read, schemas = _observe_schema_ids(read, pipeline)
     records = parse_records(read, pipeline)
     shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
@@ -343,12 +344,25 @@ def _schema_ids(observation, counts: dict, read_again: Callable) -> dict[int, li
     return {range_id: sorted(ids) for range_id, ids in found.items()}
 
 
-def _columns(pipeline: Pipeline) -> tuple[str, ...]:
-    """The record columns the pipeline's expressions use (the reader builds only those)."""
+def _expressions(pipeline: Pipeline) -> list[str] | None:
+    """Every expression of the pipeline's sinks; None when a sink takes whole records."""
     used = [sink.columns_used for sink in pipeline.sinks]
     if any(columns is None for columns in used):
-        return ALL_COLUMNS
-    return columns_used(c.expr for columns in used for c in columns)
+        return None
+    return [c.expr for columns in used for c in columns]
+
+
+def _columns(pipeline: Pipeline) -> tuple[str, ...]:
+    """The record columns the pipeline's expressions use (the reader builds only those)."""
+    expressions = _expressions(pipeline)
+    return ALL_COLUMNS if expressions is None else columns_used(expressions)
+
+
+def _values(pipeline: Pipeline) -> str:
+    """The values the batch's read ships (reader.VALUES): those it did not parse, unless an expression
+    reads the value itself."""
+    expressions = _expressions(pipeline)
+    return "all" if expressions is None or "value" in expression_words(expressions) else "unparsed"
 
 
 def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):

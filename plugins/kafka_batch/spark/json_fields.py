@@ -77,6 +77,12 @@ class JsonFields:
     def decode(self, values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> list[pa.Array]:
         return parse_values(values, self.fields)
 
+    @staticmethod
+    def replaces_values(decoded: list[pa.Array]) -> bool:
+        """A chunk parsed here: its fields are all that is read of its values (a chunk is parsed whole)."""
+        parsed = decoded[0]
+        return len(parsed) > 0 and parsed[0].as_py()
+
 
 def _parse(values: Sequence[bytes], fields: Mapping[str, str]) -> list[pa.Array] | None:
     n = len(values)

@@ -39,6 +39,10 @@ class Decoder(Protocol):
 
     def decode(self, values: list[bytes | None], keys: list[bytes | None]) -> list[pa.Array]: ...
 
+    def replaces_values(self, decoded: list[pa.Array]) -> bool:
+        """Whether these decoded columns hold all that is read of the chunk's values (see `VALUES`)."""
+        ...
+
 
 _HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 # Every column a record can have: (name, Arrow type, Spark type).
@@ -51,46 +55,66 @@ _COLUMNS = (
 ALL_COLUMNS = tuple(name for name, _, _ in _COLUMNS)
 # What parsing, validation, error messages and the quarantine always need.
 BASE_COLUMNS = ("range_id", "topic", "partition", "offset", "value")
+# A read's values: "all", or "unparsed": a value its decoder replaced by columns (a JSON chunk parsed in the
+# reader) is left out, null, and VALUE_BYTES gives every value's length (null for a tombstone). Spark copies
+# each row's bytes as it takes it from Arrow (a third of its work in a read task), the values most of them,
+# and nothing after the parse reads those values (the quarantine reads its records again, whole).
+VALUES = ("all", "unparsed")
+VALUE_BYTES = "_value_bytes"
 _GETTERS = {"offset": Message.offset, "key": Message.key}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
-def _columns(columns: Iterable[str], decoder: Decoder | None) -> list[tuple[str, pa.DataType, str]]:
+def _columns(columns: Iterable[str], decoder: Decoder | None, values: str = "all") -> list[tuple[str, pa.DataType, str]]:
+    if values not in VALUES:
+        raise ValueError(f"values must be one of {VALUES}, got {values!r}")
     wanted = set(columns)
-    return [c for c in _COLUMNS if c[0] in wanted] + (decoder.columns() if decoder is not None else [])
+    lengths = [(VALUE_BYTES, pa.int32(), "int")] if values == "unparsed" else []
+    return [c for c in _COLUMNS if c[0] in wanted] + lengths + (decoder.columns() if decoder is not None else [])
 
 
-def record_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> str:
+def record_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None, values: str = "all") -> str:
     """The Spark schema of the records read with these columns (and the decoder's)."""
-    return ", ".join(f"`{name}` {spark}" for name, _, spark in _columns(columns, decoder))
+    return ", ".join(f"`{name}` {spark}" for name, _, spark in _columns(columns, decoder, values))
 
 
-def arrow_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> pa.Schema:
-    return pa.schema([(name, arrow) for name, arrow, _ in _columns(columns, decoder)])
+def arrow_schema(columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None, values: str = "all") -> pa.Schema:
+    return pa.schema([(name, arrow) for name, arrow, _ in _columns(columns, decoder, values)])
 
 
-def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timestamp", "timestamp_type", "key")) -> tuple:
-    """BASE_COLUMNS and the optional record columns named in any expression (a word match: a name in
-    a string literal only costs building a column; a real use is never missed)."""
+def expression_words(expressions: Iterable[str]) -> set[str]:
+    """The names an expression may use, lower-cased (a word match: a name in a string literal only costs
+    building a column; a real use is never missed)."""
     words = set()
     for expression in expressions:
         words.update(w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", expression))
+    return words
+
+
+def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timestamp", "timestamp_type", "key")) -> tuple:
+    """BASE_COLUMNS and the optional record columns named in any expression."""
+    words = expression_words(expressions)
     return tuple(c for c in ALL_COLUMNS if c in BASE_COLUMNS or (c in optional and c in words))
 
 
 def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str] = ALL_COLUMNS,
-                      decoder: Decoder | None = None) -> pa.RecordBatch:
+                      decoder: Decoder | None = None, values: str = "all") -> pa.RecordBatch:
     """Columns of consumed records of one range's partition; timestamps in microseconds UTC, null when
     the record has none. Each column is one pass in C (map over the Message methods); the range's
-    id, topic and partition are constants, never read per record. The decoder's columns follow."""
-    schema = arrow_schema(columns, decoder)
+    id, topic and partition are constants, never read per record. The decoder's columns follow;
+    `values`: see VALUES."""
+    schema = arrow_schema(columns, decoder, values)
     n = len(messages)
     arrays = []
-    values = list(map(Message.value, messages))
+    payloads = list(map(Message.value, messages))
+    decoded = decoder.decode(payloads, list(map(Message.key, messages))) if decoder is not None else []
     for field in schema:
         name = field.name
+        if name == VALUE_BYTES:
+            arrays.append(_lengths(payloads))
+            continue
         if name not in ALL_COLUMNS:
-            arrays.extend(decoder.decode(values, list(map(Message.key, messages))))
+            arrays.extend(decoded)
             break
         if name in ("range_id", "topic", "partition"):
             value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
@@ -109,7 +133,8 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
             arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
                                     for h in map(Message.headers, messages)], field.type))
         elif name == "value":
-            arrays.append(_binary(values))
+            replaced = values == "unparsed" and decoder is not None and decoder.replaces_values(decoded)
+            arrays.append(pa.nulls(n, pa.binary()) if replaced else _binary(payloads))
         else:
             arrays.append(pa.array(list(map(_GETTERS[name], messages)), field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -126,8 +151,15 @@ def _binary(values: list[bytes | None]) -> pa.Array:
     return pa.BinaryArray.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def _lengths(values: list[bytes | None]) -> pa.Array:
+    if None not in values:
+        return pa.array(np.fromiter(map(len, values), np.int32, len(values)))
+    return pa.array([None if v is None else len(v) for v in values], pa.int32())
+
+
 def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings: dict[str, float],
-              columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None) -> Iterator[pa.RecordBatch]:
+              columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None,
+              values: str = "all") -> Iterator[pa.RecordBatch]:
     """The records of one task's ranges (one consumer for all of them) as Arrow batches of about
     `consume_batch_size` records: the small chunks of many partitions are joined, since every batch
     costs Spark a fixed amount on its way to the JVM."""
@@ -139,7 +171,7 @@ def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings:
         for r, messages in read_partitions(
             kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
         ):
-            pending.append(messages_to_arrow(messages, r, columns, decoder))
+            pending.append(messages_to_arrow(messages, r, columns, decoder, values))
             rows += len(messages)
             if rows >= size:
                 yield _joined(pending)
@@ -155,7 +187,7 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple,
-                decoder: Decoder | None, progress=None):
+                decoder: Decoder | None, values: str, progress=None):
     def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # The worker's modules are never garbage: frozen, the collector stops walking them every few
         # hundred Messages (15% of a reader's CPU).
@@ -165,7 +197,7 @@ def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings
                 timings.mark("task_start", task=number)
                 ranges = [OffsetRange(t, p, lo, hi, range_id=rid) for rid, t, p, lo, hi in tasks[number]]
                 records = 0
-                for arrow in read_task(kafka_config, ranges, settings, columns, decoder):
+                for arrow in read_task(kafka_config, ranges, settings, columns, decoder, values):
                     records += arrow.num_rows
                     yield arrow
                 if progress is not None:
@@ -177,15 +209,17 @@ def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings
 
 
 def read_ranges(spark, kafka_config: dict[str, Any], tasks: list[list[OffsetRange]], settings: ReadSettings,
-                columns: Iterable[str] = ALL_COLUMNS, progress=None, decoder: Decoder | None = None):
+                columns: Iterable[str] = ALL_COLUMNS, progress=None, decoder: Decoder | None = None,
+                values: str = "all"):
     """A DataFrame of the records of the given packed tasks (lists of (sub-)ranges), one Spark
     partition per task, with the given record columns and the decoder's (`transform.parse_records`
-    decodes what a JSON decoder left). `progress`, a pair of Spark accumulators, adds up the records
-    and the (sub-)ranges each finished task read (for progress lines)."""
+    decodes what a JSON decoder left), and the values as `values` says (VALUES). `progress`, a pair of
+    Spark accumulators, adds up the records and the (sub-)ranges each finished task read (for
+    progress lines)."""
     if not tasks or not all(tasks):
         raise ValueError("read_ranges needs at least one task, and no empty one")
     columns = tuple(c for c in ALL_COLUMNS if c in set(columns))
     plain = [[(r.range_id, r.topic, r.partition, r.from_offset, r.until_offset) for r in task] for task in tasks]
     numbers = spark.range(0, len(plain), 1, len(plain))
-    return numbers.mapInArrow(_read_tasks(kafka_config, plain, settings.model_dump(), columns, decoder, progress),
-                              record_schema(columns, decoder))
+    return numbers.mapInArrow(_read_tasks(kafka_config, plain, settings.model_dump(), columns, decoder, values,
+                                          progress), record_schema(columns, decoder, values))

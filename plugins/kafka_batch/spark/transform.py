@@ -28,8 +28,10 @@ from kafka_batch.errors import INVALID_RECORD
 from kafka_batch.formats.columns import decoded_column, error_column
 from kafka_batch.spark.envelope import Unwrapped, value_schema
 from kafka_batch.spark.json_fields import PARSED, field_column
+from kafka_batch.spark.reader import VALUE_BYTES
 
 _PROBLEM = "_envelope_problem"
+_LENGTH = "_value_length"  # of the value, null for a tombstone: the reader's VALUE_BYTES when it left values out
 METADATA = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type", "key", "value")
 # What a quarantine row keeps of a record (its value is cut to QUARANTINE_KEEP_BYTES; the length is kept).
 QUARANTINE_COLUMNS = ("range_id", "topic", "partition", "offset", "timestamp", "key", "value", "value_bytes", "reason")
@@ -47,8 +49,8 @@ def _reason(pipeline: Pipeline) -> Column:
     limit = pipeline.limits.max_value_bytes
     reason = (
         F.when(F.col("_tombstone"), F.lit(None))
-        .when(F.length("value") > limit, F.format_string(f"value of %d bytes is over max_value_bytes {limit}",
-                                                           F.length("value")))
+        .when(F.col(_LENGTH) > limit, F.format_string(f"value of %d bytes is over max_value_bytes {limit}",
+                                                        F.col(_LENGTH)))
     )
     for error in _decode_errors(pipeline):
         reason = reason.when(F.col(error).isNotNull(), F.col(error))
@@ -88,11 +90,14 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     else:
         parsed, value, fields = _json_fields(records, pipeline)
     # The reader may build only the record columns the pipeline uses (kafka_batch.spark.reader).
-    metadata = [c for c in METADATA if c in records.columns]
-    tombstone = F.col("value").isNull()
+    columns = records.columns
+    metadata = [c for c in METADATA if c in columns]
+    length = F.col(VALUE_BYTES) if VALUE_BYTES in columns else F.length("value")
+    tombstone = length.isNull()
     flat = parsed.select(*metadata, *fields, *value.extra, *_decode_errors(pipeline), tombstone.alias("_tombstone"),
-                         (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM))
-    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM, *_decode_errors(pipeline))
+                         (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM),
+                         length.alias(_LENGTH))
+    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM, _LENGTH, *_decode_errors(pipeline))
     if pipeline.on_invalid_record == "quarantine":
         return checked
     rejected = F.raise_error(F.format_string(
