@@ -108,10 +108,11 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
     arrays = []
     payloads = list(map(Message.value, messages))
     decoded = decoder.decode(payloads, list(map(Message.key, messages))) if decoder is not None else []
+    whole = None  # the value column, when built: its lengths come from its offsets
     for field in schema:
         name = field.name
         if name == VALUE_BYTES:
-            arrays.append(_lengths(payloads))
+            arrays.append(_lengths(payloads) if whole is None else pc.binary_length(whole))
             continue
         if name not in ALL_COLUMNS:
             arrays.extend(decoded)
@@ -133,8 +134,11 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
             arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
                                     for h in map(Message.headers, messages)], field.type))
         elif name == "value":
-            replaced = values == "unparsed" and decoder is not None and decoder.replaces_values(decoded)
-            arrays.append(pa.nulls(n, pa.binary()) if replaced else _binary(payloads))
+            if values == "unparsed" and decoder is not None and decoder.replaces_values(decoded):
+                arrays.append(pa.nulls(n, pa.binary()))
+            else:
+                whole = _binary(payloads)
+                arrays.append(whole)
         else:
             arrays.append(pa.array(list(map(_GETTERS[name], messages)), field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
