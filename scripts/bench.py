@@ -8,8 +8,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   one CAS commit; its whole process on the small batch's records and on the big one's
   spark small/big the pipeline on a topic of SMALL (1M) and one of RECORDS (3M), in both modes (Spark Connect, the
                   samples' default, and spark-submit); marginal rate, and the batch size from which
-                  spark-submit reads 1.5x the plain consumer's rate (small first: a fresh server's first
-                  job also compiles its JIT)
+                  spark-submit reads 1.5x the plain consumer's rate (Spark Connect warmed first: WARM_UP_BATCHES
+                  unmeasured batches, as a long-lived server has run)
   many partitions MANY x (100k/MANY) records against 4 x 25,000 (same 100k records), Spark job wall time
   fixed cost      a 1,000-record batch, with the phases of its timings, against the plain consumer's whole
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
@@ -29,7 +29,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
                   100k changed keys; the history table's size per million records
   avro            AVRO_RECORDS (3M) and SMALL (1M) Avro page views (two schema versions, through the Schema
-                  Registry), a topic each: the job against a plain consumer decoding with AvroDeserializer
+                  Registry), a topic each: the job (Spark Connect warmed up first) against a plain consumer
+                  decoding with AvroDeserializer
   after abort     AFTER_ABORT_RECORDS records committed by a transactional producer that aborted once before
                   the position, against the same from one that never aborted: a batch of each via Spark Connect
   contributions   the size of the per-range contributions table per million records read
@@ -90,6 +91,11 @@ SUBMIT, CONNECT = "spark_default", "spark_connect_default"
 MODE = {SUBMIT: "spark-submit", CONNECT: "Spark Connect"}
 KAFKA_BATCH = str(Path(sys.executable).parent / "kafka-batch")
 IDLE_S = 65  # Spark kills a Python worker idle for a minute
+# Batches a part runs through Spark Connect before it measures, unmeasured. A server session compiles
+# its generated code, and the JVM's JIT compiles the hot paths, over its first batches: on a fresh
+# server the JVM's CPU for the same 1M-record batch was 11 s in its first batch and 2.2 s in its second,
+# then 1.0-1.5 s. A long-lived server (the issue's "warmed Spark Connect server") has run many.
+WARM_UP_BATCHES = 3
 
 
 def load() -> str:
@@ -323,12 +329,12 @@ class ProcessSampler:
 
     def _sample(self, first: bool = False) -> None:
         for p in self._processes():
-            try:
+            try:  # a process may end between the listing and its reading
                 cmd = " ".join(p.cmdline())
                 rss, times = p.memory_info().rss, p.cpu_times()
+                kind = self._kind(p, cmd)
             except psutil.Error:
                 continue
-            kind = self._kind(p, cmd)
             if kind is None:
                 continue
             self.peaks[kind] = max(self.peaks[kind], rss)
@@ -401,6 +407,17 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
         f" peak RSS MB {mb}; CPU s {cpu}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
         cpu_s=cpu, phases=breakdown, read_tasks=read_tasks)
     return {"seconds": seconds, "records": records, "rss": mb}
+
+
+def warm_up(env: Env, make_pipeline, batches: int = WARM_UP_BATCHES) -> None:
+    """Run `batches` batches of pipelines made by `make_pipeline(i)` through Spark Connect, unmeasured (see
+    WARM_UP_BATCHES); each reads its topic from the start."""
+    started = time.monotonic()
+    for i in range(batches):
+        pipeline = make_pipeline(i)
+        cli_run(pipeline, env.plan(pipeline).run_id)
+    print(f"  warm-up: {batches} batches via Spark Connect, not measured, in {time.monotonic() - started:.1f} s"
+          f" (load {load()})", flush=True)
 
 
 def marginal_rate(small: dict, big: dict) -> float:
@@ -612,6 +629,7 @@ def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
     records = {"small": rounds[0][0][2].span, "big": rounds[0][1][2].span}
     base: dict[str, dict] = {}
     runs: dict[str, list[float]] = defaultdict(list)
+    warm_up(env, lambda i: env.avro_pipeline(f"avro_warm_{i}", topics["small"], CONNECT))
     for i, planned in enumerate(rounds):
         for size in ("small", "big"):
             env.tables += baseline_tables(env, f"avro_baseline_{size}_{i}")
@@ -875,8 +893,7 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
     produce_per_partition(env.kafka, few_topic, 4, args.many_records // 4, seed=2)
 
     # One batch per round of each job: a committed batch is not read again.
-    # Each mode's small job runs before its big one: on a fresh Spark Connect server the first job
-    # also pays for the server's JIT compilation, which a long-lived server pays once.
+    # Each mode's small job runs before its big one (Spark Connect is also warmed up first, warm_up).
     rounds = [{"small": env.pipeline(f"small_{i}", small_topic),
                "big": env.pipeline(f"big_{i}", topic),
                "small, Spark Connect": env.pipeline(f"small_connect_{i}", small_topic, CONNECT),
@@ -892,6 +909,7 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
     few_batch = env.plan(few)
 
     print("measuring:", flush=True)
+    warm_up(env, lambda i: env.pipeline(f"warm_{i}", small_topic, CONNECT))
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
     runs: dict[str, list[dict]] = defaultdict(list)
     small_name, big_name = f"{args.small / 1e6:g}M", f"{args.records / 1e6:g}M"
