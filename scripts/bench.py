@@ -93,9 +93,10 @@ KAFKA_BATCH = str(Path(sys.executable).parent / "kafka-batch")
 IDLE_S = 65  # Spark kills a Python worker idle for a minute
 # Batches a part runs through Spark Connect before it measures, unmeasured. A server session compiles
 # its generated code, and the JVM's JIT compiles the hot paths, over its first batches: on a fresh
-# server the JVM's CPU for the same 1M-record batch was 11 s in its first batch and 2.2 s in its second,
-# then 1.0-1.5 s. A long-lived server (the "warmed Spark Connect server") has run many.
-WARM_UP_BATCHES = 3
+# server the JVM's CPU for the same 1M-record batch was 11 s in its first batch, 2.0-2.2 s in the next
+# two, 1.4-1.7 s in the three after, and 0.95-1.16 s from the seventh. A long-lived server (the issue's
+# "warmed Spark Connect server") has run many.
+WARM_UP_BATCHES = 8
 
 
 def load() -> str:
