@@ -237,7 +237,7 @@ def project_read(env: Env, pipeline, ranges) -> int:
 
     decoder = _decoder(pipeline, lambda _pipeline: None)
     return sum(b.num_rows for b in read_task(env.kafka, list(ranges), pipeline.read.model_dump(), _columns(pipeline),
-                                             decoder, _values(pipeline)))
+                                             decoder, _values(pipeline, decoder)))
 
 
 def baseline_tables(env: Env, name: str) -> list[tuple[str, str]]:

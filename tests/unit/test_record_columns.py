@@ -78,3 +78,20 @@ def test_values_not_parsed_in_the_reader_are_shipped_whole(decoder):
     values = [b'{"page": "/a"}', b"not json", None]
     got = messages_to_arrow(chunk(values), RANGE, BASE_COLUMNS, decoder, values="unparsed").to_pydict()
     assert got["value"] == values and got[VALUE_BYTES] == [14, 8, None]
+
+
+def test_a_batch_leaves_values_out_only_where_a_json_decoder_parses_them_and_nothing_reads_them():
+    from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
+    from kafka_batch.formats.columns import Decoded
+    from kafka_batch.spark.job import _values
+
+    pipeline = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+    json_decoder = JsonFields(pipeline.fields)
+    assert _values(pipeline, json_decoder) == "unparsed"
+    assert _values(pipeline, None) == "all"  # from_json parses every value
+    assert _values(pipeline, Decoded(None)) == "all"  # Avro and Protobuf: every value shipped anyway
+    measures = pipeline.definition["sinks"]["aggregate"]["measures"]
+    reading = parse_pipeline({**pipeline.definition, "sinks": {"aggregate": {
+        **pipeline.definition["sinks"]["aggregate"],
+        "measures": {**measures, "value_bytes": {"expr": "length(value)", "type": "bigint"}}}}})
+    assert _values(reading, json_decoder) == "all"

@@ -270,7 +270,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
     read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder,
-                       _values(pipeline))
+                       _values(pipeline, decoder))
     read, schemas = _observe_schema_ids(read, pipeline)
     records = parse_records(read, pipeline)
     shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
@@ -358,11 +358,14 @@ def _columns(pipeline: Pipeline) -> tuple[str, ...]:
     return ALL_COLUMNS if expressions is None else columns_used(expressions)
 
 
-def _values(pipeline: Pipeline) -> str:
+def _values(pipeline: Pipeline, decoder) -> str:
     """The values the batch's read ships (reader.VALUES): those it did not parse, unless an expression
-    reads the value itself."""
+    reads the value itself. Only a JSON decoder parses a chunk whole: with any other, every value is
+    shipped, and so "unparsed" would only add their lengths."""
     expressions = _expressions(pipeline)
-    return "all" if expressions is None or "value" in expression_words(expressions) else "unparsed"
+    if not isinstance(decoder, JsonFields) or expressions is None or "value" in expression_words(expressions):
+        return "all"
+    return "unparsed"
 
 
 def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
