@@ -26,6 +26,7 @@ from kafka_batch.sinks.base import (
     TableSink,
     as_json,
     check_new_ranges,
+    collect_arrow,
     columns,
     copy_arrow,
     create_per_range_table,
@@ -116,7 +117,7 @@ class AggregateSink(TableSink):
         keys = [F.when(valid, F.expr(c.expr).cast(c.spark_type)).alias(f"__key_{c.name}") for c in self.group_by]
         measures = [F.when(valid, F.expr(c.expr).cast(c.spark_type)).alias(f"__measure_{c.name}")
                     for c in self.measures]
-        result = (
+        result = collect_arrow(
             records.select("range_id", valid.alias("_valid"), "_tombstone", "_invalid", *keys, *measures)
             .groupBy("range_id", *[F.col(f"__key_{c.name}").alias(c.name) for c in self.group_by])
             .agg(
@@ -126,7 +127,7 @@ class AggregateSink(TableSink):
                 F.sum(F.col("_tombstone").cast("long")).alias("tombstones"),
                 F.sum(F.col("_invalid").isNotNull().cast("long")).alias("invalid"),
             )
-        ).toArrow()
+        )
         return SinkOutput(range_counts(result), contributions(result, self.keys + self.measure_names))
 
     def _stage(self, cur, contributions: pa.Table) -> None:

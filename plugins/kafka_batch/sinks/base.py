@@ -67,6 +67,21 @@ class RangeCounts:
     invalid: int = 0     # quarantined (see kafka_batch.spark.transform)
 
 
+def collect_arrow(frame) -> pa.Table:
+    """A sink's result at the driver, as Arrow, in one round trip. Spark Connect's toArrow first asks
+    the server for the result's schema (an analysis of the whole plan, 0.05-0.1 s of every batch),
+    though the answer to running the plan carries that schema too; classic pyspark collects once."""
+    to_table = getattr(frame, "_to_table", None)  # Spark Connect's DataFrame (pyspark is pinned)
+    if to_table is None:
+        return frame.toArrow()
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    table, schema = to_table()
+    # What toArrow casts to: the declared types, timestamps in UTC.
+    return table.cast(to_arrow_schema(schema or frame.schema, error_on_duplicated_field_names_in_struct=True,
+                                      timezone="UTC"))
+
+
 def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
     """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
     totals = sums_by_range(result, ("records", "tombstones", "invalid"))

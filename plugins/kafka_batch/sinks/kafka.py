@@ -146,12 +146,12 @@ class KafkaSink(Sink):
         from pyspark.sql import functions as F
 
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
-        table = records.select(
+        table = base.collect_arrow(records.select(
             "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
             F.when(valid, self._key()).alias("_key"),
             F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
             F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
-        ).toArrow()
+        ))
         table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
         return SinkOutput(_counts(table), table.filter(pc.invert(pc.or_(table["_tombstone"], table["_invalid"]))))
 

@@ -74,8 +74,8 @@ class RowsSink(TableSink):
             F.col("offset").alias("kafka_offset"),
             *[F.expr(c.expr).cast(c.spark_type).alias(c.name) for c in self.columns],
         )
-        report = projected.mapInArrow(staging.stage_task(stage.postgres, name, KEY, self.column_names, rows_to_stage),
-                                      staging.REPORT_SCHEMA).toArrow()
+        report = base.collect_arrow(projected.mapInArrow(
+            staging.stage_task(stage.postgres, name, KEY, self.column_names, rows_to_stage), staging.REPORT_SCHEMA))
         counts, staged = staging.reported(report, name)
         return SinkOutput(counts, staged)
 

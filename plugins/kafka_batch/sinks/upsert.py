@@ -193,8 +193,8 @@ class UpsertSink(TableSink):
         )
         name = staging.create_stage(stage.postgres, stage.batch_id, stage.attempt, self.kind, self._history)
         key = ["range_id", *self.keys]
-        report = grouped.mapInArrow(staging.stage_task(stage.postgres, name, key, self.history_columns, latest_to_stage),
-                                    staging.REPORT_SCHEMA).toArrow()
+        report = base.collect_arrow(grouped.mapInArrow(
+            staging.stage_task(stage.postgres, name, key, self.history_columns, latest_to_stage), staging.REPORT_SCHEMA))
         counts, staged = staging.reported(report, name)
         return SinkOutput(counts, staged)
 

@@ -31,7 +31,7 @@ from kafka_batch.errors import (
 from kafka_batch.formats.columns import Decoded, schema_id_column
 from kafka_batch.kafka_source import KafkaOffsets
 from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
-from kafka_batch.sinks.base import StageContext
+from kafka_batch.sinks.base import StageContext, collect_arrow
 from kafka_batch.spark.json_fields import JsonFields, parses_in_reader
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, expression_words, read_ranges
 from kafka_batch.spark.transform import invalid_records, parse_records
@@ -394,7 +394,7 @@ def _quarantine(spark, kafka: dict, decoder, tasks, pipeline: Pipeline, batch: b
     if not invalid:
         return None
     records = parse_records(read_ranges(spark, kafka, tasks, pipeline.read, decoder=decoder), pipeline)
-    rows = invalid_records(records).orderBy("topic", "partition", "offset").toArrow()
+    rows = collect_arrow(invalid_records(records).orderBy("topic", "partition", "offset"))
     seen = sum(c.records + c.invalid for c in counts.values())
     limit = pipeline.limits.max_invalid_ratio
     if invalid / seen > limit:
