@@ -3,8 +3,10 @@ the others). Logs are built with kio's record batch writer, not the front's read
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
+import random
 import struct
 
 import pytest
@@ -13,6 +15,7 @@ from kio.records.writers import write_new_batch
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from kafka_batch_dev.kafka_front import (
+    BrokerConnection,
     TransactionMarkers,
     cut_records,
     kafka_listing,
@@ -188,3 +191,39 @@ def test_a_lost_transactions_request_is_refused_with_an_answer_kafka_clients_rea
         ("pages", [(3, ErrorCode.unknown_producer_id)])]
     # Sent in its place: an ApiVersions v0 request with its correlation id and no client id.
     assert struct.unpack(">hhih", placeholder_request(frame)) == (18, 0, 41, -1)
+
+
+def test_a_broker_connection_reads_each_answer_whole_and_in_order_however_it_arrives():
+    """Answers (their size, then their bytes) sent over a real socket in pieces that split sizes and
+    bodies anywhere: each comes out whole, in order, the empty one too; a request written through the
+    connection reaches the broker; once the broker closes, reading says so."""
+    rng = random.Random(7)
+    answers = [b"", b"abc", bytes(rng.randrange(256) for _ in range(70_000)), rng.randbytes(3 * 1024 * 1024)]
+    stream = b"".join(struct.pack(">i", len(a)) + a for a in answers)
+    received = []
+
+    async def broker(reader, writer):
+        received.append(await reader.readexactly(5))
+        pos = 0
+        while pos < len(stream):
+            step = rng.choice((1, 3, 4, 5, 1000, 65_536, 1_000_000))
+            writer.write(stream[pos:pos + step])
+            await writer.drain()
+            pos += step
+        writer.close()
+
+    async def main():
+        server = await asyncio.start_server(broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            connection = await BrokerConnection.open("127.0.0.1", port)
+            connection.writelines((b"hel", b"lo"))
+            await connection.drain()
+            frames = [bytes(await connection.read_frame()) for _ in answers]
+            with pytest.raises(ConnectionError):
+                await connection.read_frame()
+            connection.close()
+        return frames
+
+    assert asyncio.run(main()) == answers
+    assert received == [b"hello"]

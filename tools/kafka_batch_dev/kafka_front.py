@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import collections
 import dataclasses
 import datetime
 import functools
@@ -85,8 +86,9 @@ ADDRESS_ANSWERS = (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER)
 FRONT_CLUSTER_SUFFIX = "-front"
 FETCH_MAX_VERSION = 12
 READ_COMMITTED = 1
-# What a connection buffers before it stops reading: a fetch answer of noida-db holds a whole backlog
-# (100 MB and more), and a small buffer would pause and resume the socket every 128 kB of it.
+# What a client's connection buffers before it stops reading: a producer's request may hold megabytes,
+# and a small buffer would pause and resume the socket every 128 kB of it. (The broker's answers, a
+# whole backlog each, are read by BrokerConnection.)
 STREAM_LIMIT = 16 * 1024 * 1024
 OFFSET_OUT_OF_RANGE = 1
 # How often a held fetch asks the broker again: what records that arrive meanwhile wait at most.
@@ -261,7 +263,7 @@ class MarkerIndex:
     def __init__(self, host: str, port: int):
         self._address = (host, port)
         self._lock = asyncio.Lock()
-        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._connection: BrokerConnection | None = None
         self._correlation = 0
         self.partitions: dict[tuple[str, int], TransactionMarkers] = {}
 
@@ -316,12 +318,12 @@ class MarkerIndex:
         """One read_uncommitted fetch of a partition from `offset`: (records, log start), records None
         when `offset` is below the log start."""
         if self._connection is None:
-            self._connection = await asyncio.open_connection(*self._address, limit=STREAM_LIMIT)
-        reader, writer = self._connection
+            self._connection = await BrokerConnection.open(*self._address)
+        connection = self._connection
         self._correlation += 1
         try:
-            await _write_frame(writer, fetch_request(topic, partition, offset, self._correlation))
-            frame = await _read_frame(reader)
+            await _write_frame(connection, fetch_request(topic, partition, offset, self._correlation))
+            frame = await connection.read_frame()
         except (OSError, asyncio.IncompleteReadError):
             self._connection = None
             raise
@@ -352,6 +354,82 @@ def fetch_request(topic: str, partition: int, offset: int, correlation: int, par
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     size = struct.unpack(">i", await reader.readexactly(4))[0]
     return await reader.readexactly(size)
+
+
+class BrokerConnection(asyncio.BufferedProtocol):
+    """A connection to the broker: each answer read straight into a buffer of its size, where a
+    StreamReader copies it through its own buffer twice more (an answer of noida-db holds a whole
+    backlog, 100 MB and more). Writes as a StreamWriter's: `writelines`, then `drain`."""
+
+    def __init__(self) -> None:
+        self._size = bytearray(4)
+        self._frame: bytearray | None = None  # the answer being read, once its size is known
+        self._filled = 0
+        self._answers: collections.deque[bytearray] = collections.deque()
+        self._arrived: asyncio.Future | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._lost = False
+        self.transport: asyncio.Transport | None = None
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> BrokerConnection:
+        _, connection = await asyncio.get_running_loop().create_connection(cls, host, port)
+        return connection
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._size if self._frame is None else self._frame)[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        if self._frame is None:
+            if self._filled < len(self._size):
+                return
+            self._frame, self._filled = bytearray(struct.unpack(">i", self._size)[0]), 0
+        if self._filled == len(self._frame):
+            self._answers.append(self._frame)
+            self._frame, self._filled = None, 0
+            self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._writable.set()
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _wake(self) -> None:
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
+    async def read_frame(self) -> memoryview:
+        """The next answer (without its size), read-only as kio's readers take it; ConnectionError once
+        the broker closed the connection."""
+        while not self._answers:
+            if self._lost:
+                raise ConnectionResetError("the broker closed the connection")
+            self._arrived = asyncio.get_running_loop().create_future()
+            await self._arrived
+        return memoryview(self._answers.popleft()).toreadonly()
+
+    def writelines(self, chunks) -> None:
+        self.transport.writelines(chunks)
+
+    async def drain(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("the broker closed the connection")
+        await self._writable.wait()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def _write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
@@ -455,15 +533,15 @@ class Link:
     what it was answered beyond what it asked."""
 
     client: asyncio.StreamWriter
-    broker: asyncio.StreamWriter
+    broker: BrokerConnection
     fetch_wait: FetchWait
     pending: dict[int, PendingRequest] = field(default_factory=dict)  # by correlation id
     backlogs: dict[tuple[str, int], Backlog] = field(default_factory=dict)
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def _with_correlation(frame: bytes, correlation: int, at: int) -> bytes:
-    return frame[:at] + struct.pack(">i", correlation) + frame[at + 4:]
+def _with_correlation(frame: bytes | memoryview, correlation: int, at: int) -> bytes:
+    return b"".join((frame[:at], struct.pack(">i", correlation), frame[at + 4:]))
 
 
 class FetchWait:
@@ -472,12 +550,12 @@ class FetchWait:
 
     def __init__(self, address: tuple[str, int]):
         self._address = address
-        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._connection: BrokerConnection | None = None
         self._correlation = 0
 
     def close(self) -> None:
         if self._connection is not None:
-            self._connection[1].close()
+            self._connection.close()
             self._connection = None
 
     async def answer(self, frame: bytes, response: Any, request: PendingRequest, read: Callable[[bytes], Any]
@@ -501,11 +579,11 @@ class FetchWait:
 
     async def _ask(self, request_frame: bytes) -> bytes:
         if self._connection is None:
-            self._connection = await asyncio.open_connection(*self._address, limit=STREAM_LIMIT)
-        reader, writer = self._connection
+            self._connection = await BrokerConnection.open(*self._address)
+        connection = self._connection
         self._correlation += 1
-        await _write_frame(writer, _with_correlation(request_frame, self._correlation, 4))
-        return await _read_frame(reader)
+        await _write_frame(connection, _with_correlation(request_frame, self._correlation, 4))
+        return await connection.read_frame()
 
 
 def _nothing_fetched(response) -> bool:
@@ -683,20 +761,20 @@ class KafkaFront:
 
     async def _client(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         try:
-            broker_reader, broker_writer = await asyncio.open_connection(*self.upstream, limit=STREAM_LIMIT)
+            broker = await BrokerConnection.open(*self.upstream)
         except OSError:
             client_writer.close()
             return
-        link = Link(client_writer, broker_writer, FetchWait(self.upstream))
+        link = Link(client_writer, broker, FetchWait(self.upstream))
         requests = asyncio.create_task(self._requests(client_reader, link))
-        responses = asyncio.create_task(self._responses(broker_reader, link))
+        responses = asyncio.create_task(self._responses(broker, link))
         done, rest = await asyncio.wait({requests, responses}, return_when=asyncio.FIRST_COMPLETED)
         if responses in done and not responses.cancelled() and responses.exception() is None:
             self.index.forget()  # the broker closed the connection: it may have restarted
         for task in rest:
             task.cancel()
         link.fetch_wait.close()
-        for writer in (client_writer, broker_writer):
+        for writer in (client_writer, broker):
             writer.close()
 
     async def _requests(self, reader, link: Link) -> None:
@@ -773,14 +851,14 @@ class KafkaFront:
         topics = getattr(request, "topics", ()) or ()
         return {*names, *(getattr(t, "name", None) for t in topics)} - {None}
 
-    async def _responses(self, reader, link: Link) -> None:
+    async def _responses(self, broker: BrokerConnection, link: Link) -> None:
         try:
             while True:
-                frame = await _read_frame(reader)
+                frame = await broker.read_frame()
                 (correlation,) = struct.unpack_from(">i", frame, 0)
                 request = link.pending.get(correlation)
                 if request is not None and request.answer is not None:  # refused: the broker's answer held its place
-                    frame = frame[:4] + request.answer
+                    frame = b"".join((frame[:4], request.answer))
                 elif request is not None and request.api_key in (FETCH, *ADDRESS_ANSWERS, API_VERSIONS):
                     frame = await self._answer(frame, request, link)
                 elif request is not None and request.ends is not None:
