@@ -589,9 +589,14 @@ def from_snapshot(definition: dict, source: str) -> Pipeline:
     return parse_pipeline(definition, source=source)
 
 
+# libyaml's safe loader (PyYAML's wheels have it): 0.25 ms a pipeline file against the pure-Python one's
+# 1.7 ms, paid for every file of the directory by every command and every parse of the DAG file.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_pipeline_file(path: Path) -> Pipeline:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
         raise InputError(f"pipeline file {path}: not valid YAML: {exc}") from exc
     return parse_pipeline(raw, source=str(path))

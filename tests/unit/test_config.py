@@ -113,6 +113,40 @@ def test_a_file_gone_between_listing_and_reading_defines_nothing(tmp_path):
     assert list(load_pipelines(tmp_path)) == ["a"]
 
 
+def test_pipeline_files_read_as_pyyaml_s_own_safe_loader_reads_them(tmp_path):
+    """The files are read with libyaml's loader (config.YAML_LOADER, for speed): every shipped pipeline, and
+    YAML's corners (a date, a multi-line string, non-ASCII text, a number that is a string),
+    give what the pure-Python safe loader gives; bad YAML is one error naming the file."""
+    from kafka_batch.config import YAML_LOADER, load_pipeline_file
+
+    assert YAML_LOADER is yaml.CSafeLoader  # PyYAML's wheel has libyaml: else this test shows nothing
+    corners = """
+name: corners
+description: |
+  Vues par page — über die Minute
+  second line
+topics: [page_views]
+start: {timestamp: 2026-03-01T10:00:00+01:00}
+record: {format: json, fields: {user_id: string, page: string, duration_ms: long}}
+sinks:
+  aggregate:
+    table: corners
+    group_by:
+      page: {expr: page, type: text}
+      code: {expr: "'007'", type: text}
+    measures:
+      views: {expr: "1", type: bigint}
+"""
+    texts = [path.read_text() for path in sorted((PROJECT_ROOT / "pipelines").glob("*.yaml"))] + [corners]
+    for text in texts:
+        assert yaml.load(text, Loader=YAML_LOADER) == yaml.safe_load(text)
+    (tmp_path / "corners.yaml").write_text(corners)
+    assert load_pipeline_file(tmp_path / "corners.yaml").description.startswith("Vues par page — über")
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(InputError, match=r"pipeline file .*bad.yaml: not valid YAML"):
+        load_pipeline_file(tmp_path / "bad.yaml")
+
+
 def test_a_definition_round_trips_through_its_snapshot():
     import json
 
