@@ -359,7 +359,8 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 class BrokerConnection(asyncio.BufferedProtocol):
     """A connection to the broker: each answer read straight into a buffer of its size, where a
     StreamReader copies it through its own buffer twice more (an answer of noida-db holds a whole
-    backlog, 100 MB and more). Writes as a StreamWriter's: `writelines`, then `drain`."""
+    backlog, 100 MB and more). One reader at a time; writes as a StreamWriter's: `writelines`, then
+    `drain`."""
 
     def __init__(self) -> None:
         self._size = bytearray(4)
@@ -432,7 +433,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
-async def _write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
+async def _write_frame(writer: asyncio.StreamWriter | BrokerConnection, payload: bytes | memoryview) -> None:
     writer.writelines((struct.pack(">i", len(payload)), payload))  # no copy of a 100 MB answer
     await writer.drain()
 
