@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 
 import pytest
@@ -74,7 +74,8 @@ def _output(topic: str, partitions=(0, 1)) -> list[dict]:
     found = []
     for message in _committed_messages(topic, list(partitions)):
         headers = {k: v.decode() for k, v in message.headers() or []}
-        found.append({"key": message.key(), "value": json.loads(message.value()), **headers})
+        found.append({"key": message.key(), "value": json.loads(message.value()), "partition": message.partition(),
+                      **headers})
     return found
 
 
@@ -113,6 +114,12 @@ def test_every_valid_record_is_published_once_through_batches_and_a_failed_commi
     published = _output(output)
     assert Counter(m["kafka_batch.source"] for m in published) == Counter(dict.fromkeys(expected, 1))
     assert {m["kafka_batch.source"]: (m["key"], m["value"]) for m in published} == expected
+    # In the input's order: in each output partition, the records of each input partition by offset.
+    sequences = defaultdict(list)
+    for m in published:
+        _, partition, offset = m["kafka_batch.source"].split(":")
+        sequences[m["partition"], int(partition)].append(int(offset))
+    assert len(sequences) == 2 * 3 and all(offsets == sorted(offsets) for offsets in sequences.values())
     # Each message names the batch the ledger says read its record, and that batch's range.
     ledger = query("SELECT batch_id, partition, from_offset, until_offset FROM kafka_batch.ledger WHERE pipeline = %s",
                    name)

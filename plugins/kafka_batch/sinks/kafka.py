@@ -36,6 +36,11 @@ if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
 
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
 PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
+# The rows shape's result, as its publish reads it: per message its range, source record, key and value.
+PUBLISHED = ("range_id", "_source", "_key", "_value")
+# Messages turned into Python objects at a time: a publish holds the Arrow result (about 100 MB a million
+# messages), not a Python object per field of every message (another 250 MB a million).
+CHUNK_ROWS = 65_536
 
 
 class KafkaSink(Sink):
@@ -138,9 +143,8 @@ class KafkaSink(Sink):
 
     def compute(self, records, stage: StageContext) -> SinkOutput:
         """Rows: one Spark pass, per record its key and JSON value (null for tombstones and invalid
-        records, which are counted, never published), then to the driver in the input's order. A
+        records, which are counted, never published), then to the driver, kept in the input's order. A
         changelog computes nothing: its messages come from the table, in the commit."""
-        import pyarrow.compute as pc
         if self.changelog_of is not None:
             return SinkOutput(None, None)
         from pyspark.sql import functions as F
@@ -152,8 +156,7 @@ class KafkaSink(Sink):
             F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
             F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
         ))
-        table = table.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-        return SinkOutput(_counts(table), table.filter(pc.invert(pc.or_(table["_tombstone"], table["_invalid"]))))
+        return SinkOutput(_counts(table), _published_in_order(table))
 
     def apply(self, cur, result: pa.Table) -> int:
         """Nothing in Postgres: the messages go out in `publish`, last in the commit."""
@@ -214,6 +217,16 @@ def _counts(table: pa.Table) -> dict[int, RangeCounts]:
     }))
 
 
+def _published_in_order(table: pa.Table) -> pa.Table:
+    """The messages to publish (neither tombstones nor invalid records), in the input's order, with the
+    columns the publish reads: one copy of the result (a sort and then a filter would make two)."""
+    import pyarrow.compute as pc
+    kept = pc.indices_nonzero(pc.invert(pc.or_(table["_tombstone"], table["_invalid"])))
+    positions = table.select(["topic", "partition", "offset"]).take(kept)
+    order = pc.sort_indices(positions, [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+    return table.select(list(PUBLISHED)).take(kept.take(order))
+
+
 def _batch_headers(batch) -> list[tuple[str, str]]:
     return [("kafka_batch.pipeline", batch.pipeline), ("kafka_batch.batch", str(batch.id)),
             ("kafka_batch.kind", batch.kind)]
@@ -236,8 +249,9 @@ def _messages(table: pa.Table, batch, encode=None) -> Iterator[Message]:
     fixed = _batch_headers(batch)
     ranges = {r.range_id: ("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")
               for r in batch.ranges}
-    columns = [table[name].to_pylist() for name in ("range_id", "_source", "_key", "_value")]
-    if encode is not None:
-        columns[3] = [encode(row) for row in columns[3]]
-    for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
-        yield Message(key, value, [*fixed, ("kafka_batch.source", source), ranges[range_id]])
+    for chunk in table.to_batches(max_chunksize=CHUNK_ROWS):
+        columns = [chunk.column(name).to_pylist() for name in PUBLISHED]
+        if encode is not None:
+            columns[3] = [encode(row) for row in columns[3]]
+        for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
+            yield Message(key, value, [*fixed, ("kafka_batch.source", source), ranges[range_id]])
