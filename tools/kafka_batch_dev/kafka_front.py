@@ -324,7 +324,7 @@ class MarkerIndex:
         try:
             await _write_frame(connection, fetch_request(topic, partition, offset, self._correlation))
             frame = await connection.read_frame()
-        except (OSError, asyncio.IncompleteReadError):
+        except OSError:
             self._connection = None
             raise
         response, _ = entity_reader(FetchResponse)(frame, _header_size(frame, flexible=True))
@@ -569,7 +569,7 @@ class FetchWait:
             await asyncio.sleep(min(FETCH_POLL_S, left))
             try:
                 again = await self._ask(request.frame)
-            except (OSError, asyncio.IncompleteReadError):
+            except OSError:
                 self.close()
                 break  # the broker's first answer stands; the client's own connection meets the fault
             frame = _with_correlation(again, struct.unpack_from(">i", frame, 0)[0], 0)
@@ -867,7 +867,7 @@ class KafkaFront:
                 async with link.writing:
                     await _write_frame(link.client, frame)
                 link.pending.pop(correlation, None)  # once written: an answer from a backlog may follow
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except ConnectionError:
             return
 
     async def _answer(self, frame: bytes, request: PendingRequest, link: Link) -> bytes:
