@@ -18,11 +18,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[local,test]'
 	@touch $@
 
+# Apache Kafka's broker (tools/kafka_batch_dev/kafka_broker.py pins its version) comes from Maven Central
+# through Maven, or pyspark's Ivy where Maven is missing, into $(KAFKA_BATCH_HOME)/kafka-<version>/libs.
 # The project's own bytecode, as pip compiles an installed wheel's (an editable install is not): a command
 # then never compiles its modules, where PYTHONDONTWRITEBYTECODE or a read-only checkout keeps Python
 # from caching them (0.1 s of every command). Stale files are ignored by Python, and refreshed here.
 install: $(STAMP)
 	@$(BIN)/python -m compileall -q plugins tools spark_jobs dags >/dev/null
+	@$(BIN)/kafka-batch local install >/dev/null  # Apache Kafka's broker from Maven Central, once
 
 up: install
 	$(BIN)/kafka-batch local up

@@ -35,7 +35,7 @@ produces the data, plans every batch, then measures (each with the load average 
                   the position, against the same from one that never aborted: a batch of each via Spark Connect
   contributions   the size of the per-range contributions table per million records read
   planning        plan_batch over the MANY partitions
-  peak RSS, CPU   driver, JVM, Python workers, broker and front of each run (sampled every 0.1 s; under Spark
+  peak RSS, CPU   driver, JVM, Python workers and the broker of each run (sampled every 0.1 s; under Spark
                   Connect the local server's JVM and workers)
 The many-keys, upsert and Avro plain consumers run in a fresh process each, their interpreter's start
 not counted. Measures run in rounds (--repeat, 3): each figure is its best round (the JSON keeps every
@@ -104,8 +104,9 @@ def load() -> str:
 
 
 def settle(idle_pct: float = 15.0, longest_s: float = 180.0) -> None:
-    """Wait until the machine is nearly idle before a measure: after a large produce the local broker
-    keeps persisting its data for a while, and no measure may pay for another one's leftovers."""
+    """Wait until the machine is nearly idle before a measure: after a large produce or batch the services
+    keep working for a while (the broker's and Postgres's writes, the JVMs' collections and compilations),
+    and no measure may pay for another one's leftovers."""
     started = time.monotonic()
     while (busy := psutil.cpu_percent(interval=2)) > idle_pct:
         if time.monotonic() - started > longest_s:
@@ -114,8 +115,8 @@ def settle(idle_pct: float = 15.0, longest_s: float = 180.0) -> None:
 
 
 def delete_topics(kafka: dict, prefix: str) -> None:
-    """The bench's topics go when it ends: the local broker rewrites all it holds as it persists, so
-    millions of records left behind would slow every later run on it."""
+    """The bench's topics go when it ends: millions of records left behind would fill the local home's disk
+    run after run."""
     admin = AdminClient(kafka)
     mine = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
     for future in admin.delete_topics(mine, operation_timeout=60).values() if mine else []:
@@ -277,18 +278,19 @@ def avro_baseline(env: Env, ranges, name: str) -> int:
 
 class ProcessSampler:
     """Peak RSS and CPU seconds, by kind, of the processes a batch runs in: those below this process (the
-    CLI, spark-submit's JVM and its Python workers) and the local services' (the broker, its front, and
+    CLI, spark-submit's JVM and its Python workers) and the local services' (the broker's JVM, and
     with `connect` the Spark Connect server's JVM and its Python workers), sampled every 0.1 s. CPU counts what each process
     used while sampled (a worker that starts and ends between two samples is missed)."""
 
-    KINDS = ("driver", "jvm", "worker", "broker", "front")
+    KINDS = ("driver", "jvm", "worker", "broker")
 
     def __init__(self, connect: bool):
         self.peaks = dict.fromkeys(self.KINDS, 0)
         self._cpu: dict[int, tuple[str, float, float]] = {}  # pid -> (kind, first seen, last seen)
         state = local_stack.read_state()
-        services = ("kafka_pid", "kafka_broker_pid") + (("spark_connect_pid",) if connect else ())
+        services = ("kafka_pid",) + (("spark_connect_pid",) if connect else ())
         self._services = [state[key] for key in services if key in state]
+        self._broker = state.get("kafka_pid")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -318,15 +320,16 @@ class ProcessSampler:
                 continue
         return found
 
-    @staticmethod
-    def _kind(p: psutil.Process, cmd: str) -> str | None:
+    def _kind(self, p: psutil.Process, cmd: str) -> str | None:
+        if p.pid == self._broker:
+            return "broker"
         if "java" in p.name():
             return "jvm"
         if "run_batch.py" in cmd or " run --pipeline" in cmd:
             return "driver"
         if "pyspark" in cmd and ("daemon" in cmd or "worker" in cmd):
             return "worker"
-        return "front" if "kafka_front" in cmd else "broker" if "noida" in cmd else None
+        return None
 
     def _sample(self, first: bool = False) -> None:
         for p in self._processes():
@@ -671,7 +674,7 @@ def produce_transactions(kafka: dict, topic: str, transactions: list[tuple[int, 
 def measure_after_abort(args: argparse.Namespace, env: Env) -> list[tuple]:
     """A batch over records whose producer aborted a transaction before the position, against one over a
     producer that never aborted (same records, same id pattern, Spark Connect): placing the abort must
-    cost the read nothing (on the local broker, its front places it)."""
+    cost the read nothing."""
     planned: dict[str, list] = {}
     for kind, head in (("clean", [(1000, True)]), ("aborted", [(1000, True), (1000, False)])):
         topic = f"{env.prefix}_{kind}"

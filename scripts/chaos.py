@@ -56,7 +56,7 @@ from pathlib import Path
 import psutil
 import psycopg2
 import yaml
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tabulate import tabulate
 
@@ -86,15 +86,19 @@ def kafka_bootstrap() -> str:
     return json.loads(os.environ["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]["bootstrap.servers"]
 
 
-def broker_group() -> int:
-    """The process group of the broker behind the local front (noida-db's launcher and its server): the
-    process listening on the port the front relays to, as the front's command line names it."""
-    def listening(port: int) -> psutil.Process:
-        [pid] = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
-        return psutil.Process(pid)
+# The local home whose services the restarts stop and start (`--services-home`; default: `kafka-batch local`'s).
+SERVICES_HOME: Path | None = None
 
-    front = listening(int(kafka_bootstrap().rsplit(":", 1)[1])).cmdline()
-    return os.getpgid(listening(int(front[front.index("--broker-port") + 1])).pid)
+
+def restart(service: str, kill: bool = False) -> None:
+    local_stack.restart(service, SERVICES_HOME, kill=kill)
+
+
+def broker_group() -> int:
+    """The process group of the local Kafka node: the process listening on the bootstrap port."""
+    port = int(kafka_bootstrap().rsplit(":", 1)[1])
+    [pid] = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    return os.getpgid(pid)
 
 
 def pg_params() -> dict:
@@ -171,11 +175,16 @@ class Codec:
             raise ValueError(str(exc)) from None
 
 
+# The input producers' transaction.timeout.ms: a transaction held open across a plan waits for the strike and
+# the recovery after it (librdkafka's default, 60 s, is shorter than some); at most the broker's 15 minutes.
+HELD_TRANSACTION_TIMEOUT_MS = 600_000
+
+
 def transactional_producers(topic: str, count: int = 2) -> list[Producer]:
     """The topic's transactional producers: the same ids every time (a producer that aborted in one
     iteration commits in the next; a new one fences the previous instance of its id)."""
-    producers = [Producer({"bootstrap.servers": kafka_bootstrap(), "linger.ms": 5, "transactional.id": f"{topic}-{n}"})
-                 for n in range(count)]
+    producers = [Producer({"bootstrap.servers": kafka_bootstrap(), "linger.ms": 5, "transactional.id": f"{topic}-{n}",
+                           "transaction.timeout.ms": HELD_TRANSACTION_TIMEOUT_MS}) for n in range(count)]
     for p in producers:
         p.init_transactions(30)
     return producers
@@ -193,11 +202,15 @@ def write_transaction(producer: Producer, topic: str, partitions: int, size: int
 
 
 def commit_late(producer: Producer) -> None:
-    """Commit the transaction `produce` left open. A broker restart (the strike's) loses it: its commit
-    fails as abortable, and it is aborted, as an exactly-once producer does (its records never show)."""
+    """Commit the transaction `produce` left open. Should it fail as abortable, it is aborted, as an
+    exactly-once producer does; should the coordinator have aborted it (open past its timeout, a strike
+    and a recovery can outlast), this producer is fenced. Either way its records never show."""
     try:
         producer.commit_transaction()
     except KafkaException as exc:
+        if exc.args[0].code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            print(f"  the input's open transaction was aborted by the coordinator ({exc.args[0].str()})", flush=True)
+            return
         if not exc.args[0].txn_requires_abort():
             raise
         print(f"  the input's open transaction was lost ({exc.args[0].str()}): aborted", flush=True)
@@ -726,20 +739,37 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
     elif name == "pg-restart":
         proc = start_run(pipeline, run_id, env)
         if wait_for("reading", pipeline, run_id, proc):
-            local_stack.restart("postgres")
+            restart("postgres")
             landed["reading"] += 1
         proc.wait()
-    elif name == "broker-restart":
-        local_stack.restart("kafka")
+    elif name in ("broker-restart", "broker-kill"):  # between batches: stopped cleanly, or SIGKILLed
+        restart("kafka", kill=name == "broker-kill")
         landed["between"] += 1
-    elif name == "broker-restart-publishing":  # the broker restarted while the Kafka sink's transaction is open
+    elif name == "broker-kill-reading":  # the node SIGKILLed while the batch's tasks read from it
+        proc = start_run(pipeline, run_id, env)
+        if wait_for("reading", pipeline, run_id, proc):
+            restart("kafka", kill=True)
+            landed["reading"] += 1
+        proc.wait()
+    elif name == "broker-kill-publishing":  # the node SIGKILLed while the Kafka sink's transaction is open
         proc = start_run(pipeline, run_id, env)
         if stop_inside_publish(pipeline, run_id, tables, proc):
             try:
-                local_stack.restart("kafka")
+                restart("kafka", kill=True)
                 landed["publishing"] += 1
             finally:
                 resume(proc)
+        proc.wait()
+    elif name == "broker-kill-published":  # the Kafka sink's transaction committed, the Postgres one not yet
+        gate = published_gate(pipeline)
+        try:
+            proc = start_run(pipeline, run_id, env)
+            if wait_for("commit", pipeline, run_id, proc, gate=gate):
+                restart("kafka", kill=True)
+                landed["published"] += 1
+        finally:
+            gate.open()
+            sql(f"DROP TRIGGER {gate.table.split('.')[1]} ON kafka_batch.batches")
         proc.wait()
     elif name == "task-retry":  # a Python worker dies mid-task; Spark retries the task (local[2,4])
         phase = rng.choice(["reading", "staging"])  # a read task, or a task COPYing the rows sink's stage
@@ -800,13 +830,14 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
 
 SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-producing", "kill-published", "kill-after-commit",
              "zombie", "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart",
-             "task-retry", "retention-skip", "retention-fail", "kill-reading:avro", "broker-restart-publishing"]
+             "broker-kill", "task-retry", "retention-skip", "retention-fail", "kill-reading:avro", "broker-kill-reading",
+             "broker-kill-publishing", "broker-kill-published"]
 
 
 # --- the soak: everything at once, for minutes ---------------------------------------------------------
 
-SOAK_FAULTS = ("kill-run", "terminate-sessions", "race", "broker-restart", "pg-restart")
-RESTARTED = {"broker-restart": "kafka", "pg-restart": "postgres"}  # the local service each restarts
+SOAK_FAULTS = ("kill-run", "terminate-sessions", "race", "broker-restart", "broker-kill", "pg-restart")
+RESTARTED = {"broker-restart": "kafka", "broker-kill": "kafka", "pg-restart": "postgres"}  # the service each restarts
 
 
 class SoakProducer(threading.Thread):
@@ -913,7 +944,7 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
         elif fault == "race":
             racing.append(start_run(name, f"soak-race-{n}", env))
         else:
-            local_stack.restart(RESTARTED[fault])
+            restart(RESTARTED[fault], kill=fault == "broker-kill")
             landed = set(pipelines)
         for hit in landed:
             results[hit].faults[fault] += 1
@@ -994,7 +1025,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recover-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
                         help="how the fault-free runs after a strike reach Spark (spark-connect: the server of "
                         "`kafka-batch local up`; strikes always go through spark-submit)")
+    parser.add_argument("--services-home", type=Path, help="the local home whose Kafka node and Postgres the restarts"
+                        " stop and start (default: `kafka-batch local`'s)")
     args = parser.parse_args(argv)
+    global SERVICES_HOME
+    SERVICES_HOME = args.services_home
     rng = random.Random(args.seed)
     env = chaos_environment()
     from kafka_batch.core import database  # setup only: the schema exists before the first fault

@@ -80,8 +80,6 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
         env = local_stack.up(base, spark_connect=True)  # checks the broker's transactional answers too
         postgres = json.loads(env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
         env["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"] = json.dumps({**postgres, "password": FAKE_PASSWORD})
-        # noida-db itself, without its front: what the tests of the check and of its refusal read from.
-        env["KAFKA_BATCH_TEST_RAW_BROKER"] = f"127.0.0.1:{local_stack.read_state(base)['kafka_broker_port']}"
     else:
         env["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"] = _schema_registry(base)
         (base / "airflow").mkdir()
@@ -141,12 +139,14 @@ def pytest_xdist_make_scheduler(config, log):
 # the other at the end. Files not listed follow in their usual order.
 LONGEST_FIRST = (
     "tests/airflow/",  # 380 s: the DAG runs and the console, one after the other on one worker
-    "tests/integration/test_chaos.py",  # 170-200 s
+    "tests/integration/test_chaos.py",  # 250-280 s
+    "tests/integration/test_broker_kills.py",  # 170 s
     "tests/integration/test_operations.py",  # 130 s
     "tests/integration/test_end_to_end.py",  # 120 s
     "tests/integration/test_upsert.py",  # 130 s
     "tests/integration/test_standalone.py",  # 90 s
     "tests/integration/test_avro.py",  # 75 s
+    "tests/integration/test_compaction.py",  # 60 s
     "tests/integration/test_protobuf.py",  # 35 s
     "tests/integration/test_kafka_credentials.py",
     "tests/integration/test_retention.py",

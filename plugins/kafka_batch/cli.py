@@ -529,8 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--postgres-conn", default="kafka_batch_postgres",
                    help="without --pipeline: where the verdict is recorded")
     p.set_defaults(func=cmd_check_kafka)
-    p = sub.add_parser("local", help="start/stop the embedded local services (up --airflow: with Airflow's servers)")
-    p.add_argument("action", choices=["up", "down", "env"])
+    p = sub.add_parser("local", help="start/stop the embedded local services (up --airflow: with Airflow's servers;"
+                       " install: fetch Apache Kafka's broker once)")
+    p.add_argument("action", choices=["install", "up", "down", "env"])
     p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "
                    "dag-processor and triggerer on loopback")
     p.add_argument("--no-spark-connect", action="store_true", help="with up: without the Spark Connect server "

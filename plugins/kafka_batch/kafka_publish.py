@@ -2,11 +2,12 @@
 `transactional.id` stable per pipeline and topic, that also commits the batch's identity.
 
 The identity is committed with `send_offsets_to_transaction` (Kafka's own consume-transform-produce
-mechanism, KIP-98/KIP-447): for each of the batch's ranges, the range's end as the offset of the input
-partition in the *publish group* (named like the transactional id), with the batch id, attempt and kind
-as the offset's metadata. The group's offsets change only when a transaction commits, so after
-`init_transactions` (which fences every older producer of the id and ends what it left open) they say
-which batches' output is in the topic. `decide` turns that, and which batches Postgres still has in
+mechanism, KIP-98/KIP-447): the batch id as the offset of the output topic's first partition in the
+*publish group* (named like the transactional id), with the batch id, attempt and kind as the offset's
+metadata. A partition of the output topic, because the broker accepts offsets only for partitions it
+has, and the output cluster need not hold the input topics. The group's offsets change only when a
+transaction commits, so after `init_transactions` (which fences every older producer of the id and ends
+what it left open) they say which batch's output the id committed last. `decide` turns that, and which batches Postgres still has in
 flight, into what an attempt does; docs/design.md ("Publishing to Kafka") has the argument.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -24,9 +25,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
 from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
-from kafka_batch.ranges import OffsetRange
 
 log = logging.getLogger("kafka_batch.kafka_publish")
+
+
+IDENTITY_PARTITION = 0  # the output topic's partition under which the publish group keeps the last identity
 
 
 def transactional_id(pipeline: str, topic: str) -> str:
@@ -64,8 +67,7 @@ class Decision(enum.Enum):
 def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]) -> Decision:
     """What an attempt of `batch_id` does, once its `init_transactions` has fenced every older producer.
 
-    `found`: the identities the publish group holds (one per input partition, the last batch that
-    published a range of it); `pending`: the batches Postgres has not committed, by id, with their
+    `found`: the identities the publish group holds (the last batch the id published); `pending`: the batches Postgres has not committed, by id, with their
     status. A batch found in Kafka but not committed in Postgres blocks every other batch: publishing
     over it would replace its identity, and its next attempt would publish it again.
     """
@@ -120,11 +122,12 @@ class Publisher:
                                  " the broker's transaction.max.timeout.ms") from None
             raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
 
-    def published(self, partitions: Iterable[tuple[str, int]]) -> list[Published]:
-        """The identities the publish group holds for these input partitions (after `fence`: final)."""
-        return _identities(self._group, self.transactional_id, partitions, self._timeout)
+    def published(self, inputs: Iterable[tuple[str, int]] = ()) -> list[Published]:
+        """The identities the publish group holds (after `fence`: final); `inputs`, the batch's input
+        partitions, for identities releases before 0.2 committed under them."""
+        return _identities(self._group, self.transactional_id, self.topic, inputs, self._timeout)
 
-    def publish(self, messages: Iterable[Message], ranges: Sequence[OffsetRange], identity: Published) -> int:
+    def publish(self, messages: Iterable[Message], identity: Published) -> int:
         """Produce the messages and commit them with the batch's identity, in one transaction; returns how
         many were produced. A newer attempt fences this one: FencedAttempt, nothing of it is visible."""
         produced = 0
@@ -137,8 +140,7 @@ class Publisher:
                 except BufferError:  # the local queue is full: let librdkafka send some first
                     self._produce_when_queued(topic, key, value, headers)
                 produced += 1
-            offsets = [TopicPartition(r.topic, r.partition, r.until_offset, metadata=identity.metadata())
-                       for r in ranges]
+            offsets = [TopicPartition(topic, IDENTITY_PARTITION, identity.batch_id, metadata=identity.metadata())]
             self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), self._timeout)
             self._producer.commit_transaction(self._timeout)
         except KafkaException as exc:
@@ -225,7 +227,7 @@ def _sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: list[
     since = first_timestamps(config, {tp: lso for tp, (lso, _) in held.items()}, timeout, committed=False)
     group = _publish_group(admin_config(config), transactional_id(pipeline, topic))
     try:
-        found = _identities(group, transactional_id(pipeline, topic), inputs, timeout)
+        found = _identities(group, transactional_id(pipeline, topic), topic, inputs, timeout)
     finally:
         group.close()
     last = max(found, key=lambda p: p.batch_id, default=None)
@@ -241,19 +243,22 @@ def _publish_group(config: dict[str, Any], group_id: str) -> Consumer:
     return Consumer({**config, "group.id": group_id, "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
 
 
-def _identities(group: Consumer, group_id: str, partitions: Iterable[tuple[str, int]],
+def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tuple[str, int]],
                 timeout: float) -> list[Published]:
-    """The batch identities the publish group's offsets of these input partitions carry."""
+    """The batch identities the publish group's offsets carry: under the output topic's first partition,
+    and under the input partitions, where releases before 0.2 committed them (a batch such a release
+    published and Postgres has not committed yet must still be found)."""
+    keys = [TopicPartition(topic, IDENTITY_PARTITION), *(TopicPartition(t, p) for t, p in inputs)]
     try:
-        committed = group.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        committed = group.committed(keys, timeout=timeout)
     except KafkaException as exc:
         raise _service_error(f"could not read the publish group {group_id}", exc) from None
     return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
 
 
 def _service_error(what: str, exc: KafkaException) -> ServiceError:
-    """The broker did not do it: a new attempt (a new producer) may. An abortable error (the broker
-    lost the transaction, as a restarted embedded broker does) says that nothing of it is visible."""
+    """The broker did not do it: a new attempt (a new producer) may. An abortable error (the coordinator
+    aborted or lost the transaction) says that nothing of it is visible."""
     error = exc.args[0]
     aborted = "; nothing of the transaction is visible, a new attempt publishes the batch" if (
         error.txn_requires_abort()) else ""

@@ -12,6 +12,7 @@ import yaml
 from kafka_batch.airflow.operators import BatchSparkSubmitOperator
 from kafka_batch.config import PROJECT_ROOT, load_pipelines
 from kafka_batch.spark import submit
+from kafka_batch_dev import kafka_broker
 
 PIPELINES = load_pipelines(PROJECT_ROOT / "pipelines")
 
@@ -119,6 +120,7 @@ def test_compose_defines_every_connection_and_service_the_pipelines_use():
 
     kafka_host, kafka_port = conn("kafka_default")["extra"]["bootstrap.servers"].split(":")
     assert kafka_host in services
+    assert services["kafka"]["image"] == f"apache/kafka:{kafka_broker.KAFKA_VERSION}"  # the release `make up` runs
     assert f"INTERNAL://{kafka_host}:{kafka_port}" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert re.search(rf"INTERNAL://:{kafka_port}\b", services["kafka"]["environment"]["KAFKA_LISTENERS"])
     postgres = conn("kafka_batch_postgres")

@@ -21,3 +21,16 @@ def spark():
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def second_cluster(services, tmp_path):
+    """Another Apache Kafka node (as `make up` starts one, its data under tmp_path): its bootstrap address."""
+    from kafka_batch_dev import local_stack
+
+    state: dict = {}
+    local_stack.start_kafka(tmp_path, state)
+    try:
+        yield f"127.0.0.1:{state['kafka_port']}"
+    finally:
+        local_stack.stop_kafka(state)

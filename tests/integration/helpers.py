@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg2
 import yaml
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_batch import connections
@@ -46,10 +46,42 @@ def admin_client() -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
 
 
-def create_topic(topic: str, partitions: int) -> None:
+def create_topic(topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
     admin = admin_client()
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).values():
         future.result()
+
+
+# A topic the log cleaner compacts within seconds: segments close after a second (at the next append) and
+# are cleaned as soon as anything in them is dirty.
+COMPACTED = {"cleanup.policy": "compact", "segment.ms": "1000", "min.cleanable.dirty.ratio": "0.01",
+             "min.compaction.lag.ms": "0"}
+CLEANER_WAIT_S = 90
+
+
+def compact(topic: str) -> dict[int, int]:
+    """Close every partition's active segment and wait for the log cleaner to compact what lies before it:
+    each partition's last committed record is appended again after a second (the append rolls the segment;
+    the latest record of each key stays what it was), then the topic is read until no key appears twice
+    below those appends. Returns where each partition's uncleaned part begins."""
+    import time
+
+    last = {m.partition(): m for m in _committed_messages(topic, _partitions(topic))}
+    time.sleep(1.5)  # past segment.ms
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "enable.idempotence": True})
+    rolled: dict[int, int] = {}
+    for partition, message in last.items():
+        producer.produce(topic, key=message.key(), value=message.value(), partition=partition,
+                         on_delivery=lambda error, m: rolled.__setitem__(m.partition(), m.offset()))
+    assert producer.flush(30) == 0 and len(rolled) == len(last)
+    deadline = time.monotonic() + CLEANER_WAIT_S
+    while True:
+        seen = Counter((m.partition(), m.key()) for m in _committed_messages(topic, _partitions(topic))
+                       if m.offset() < rolled[m.partition()])
+        if all(count == 1 for count in seen.values()):
+            return rolled
+        assert time.monotonic() < deadline, f"the log cleaner did not compact {topic} within {CLEANER_WAIT_S} s"
+        time.sleep(1)
 
 
 # A rows sink of every page view: what tests compare with the topic record by record.
@@ -84,25 +116,27 @@ def new_pipeline(prefix: str, partitions: int = 3, rows: bool = False, spark_sub
     return load_pipeline(name)
 
 
-def _committed_messages(topic: str, partitions: list[int]) -> Iterator[Message]:
+def _committed_messages(topic: str, partitions: list[int], config: dict | None = None) -> Iterator[Message]:
     """Every committed record of the partitions (tombstones too), from the beginning to the end."""
-    return committed_messages(kafka_config(), topic, partitions)
+    return committed_messages(config or kafka_config(), topic, partitions)
 
 
-def _partitions(topic: str) -> list[int]:
-    admin = admin_client()
+def _partitions(topic: str, config: dict | None = None) -> list[int]:
+    admin = AdminClient({"bootstrap.servers": (config or kafka_config())["bootstrap.servers"]})
     return sorted(admin.list_topics(topic, timeout=30).topics[topic].partitions)
 
 
-def ground_truth(topic: str, select=None, duration_factor: int = 1) -> dict[tuple[str, datetime], tuple[int, int]]:
-    """(page, minute) -> (views, total duration) over every committed record of the topic.
+def ground_truth(topic: str, select=None, duration_factor: int = 1, config: dict | None = None,
+                 messages: list[Message] | None = None) -> dict[tuple[str, datetime], tuple[int, int]]:
+    """(page, minute) -> (views, total duration) over every committed record of the topic (on the cluster
+    of `config`, the session's by default), or over `messages` read from it earlier.
 
     `select(partition, offset)` keeps a subset of the records; `duration_factor` is the aggregation
     changed by a test (duration_ms * factor).
     """
     views: Counter = Counter()
     durations: Counter = Counter()
-    for message in _committed_messages(topic, _partitions(topic)):
+    for message in _committed_messages(topic, _partitions(topic, config), config) if messages is None else messages:
         if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
             continue
         record = json.loads(message.value())
@@ -143,10 +177,11 @@ def rows_contents(pipeline) -> dict[tuple[str, int, int], tuple]:
     return {tuple(r[:3]): tuple(r[3:]) for r in rows}
 
 
-def rows_truth(topic: str, select=None) -> dict[tuple[str, int, int], tuple]:
-    """What the rows sink must hold: every committed non-tombstone record, parsed with json here."""
+def rows_truth(topic: str, select=None, messages: list[Message] | None = None) -> dict[tuple[str, int, int], tuple]:
+    """What the rows sink must hold: every committed non-tombstone record (of `messages` read from the
+    topic earlier, if given), parsed with json here."""
     truth = {}
-    for message in _committed_messages(topic, _partitions(topic)):
+    for message in _committed_messages(topic, _partitions(topic)) if messages is None else messages:
         if message.value() is None or (select is not None and not select(message.partition(), message.offset())):
             continue
         record = json.loads(message.value())

@@ -2,7 +2,7 @@
 SIGKILL it at a chosen point: `python -m tests.integration.publish_worker '<json>'`.
 
 The JSON names the pipeline, output topic, batch id, attempt, the input ranges, how many messages, which
-batches Postgres has pending, and `crash`: "producing" (half the messages delivered, transaction open),
+batches Postgres has pending, the producer's `transaction_timeout_ms` (900,000 if not given), and `crash`: "producing" (half the messages delivered, transaction open),
 "committed" (after the Kafka commit, before anything else), or null. Prints the decision."""
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ def messages(batch_id: int, count: int, crash: str | None, producer):
 def main(spec: dict) -> None:
     config = connections.kafka_config(connections.from_environment("kafka_default"))
     ranges = [OffsetRange(t, p, lo, hi) for t, p, lo, hi in spec["ranges"]]
-    publisher = Publisher(config, spec["pipeline"], spec["topic"], timeout=30)
+    publisher = Publisher(config, spec["pipeline"], spec["topic"], timeout=30,
+                          transaction_timeout_ms=spec.get("transaction_timeout_ms", 900_000))
     publisher.fence()
     found = publisher.published({(r.topic, r.partition) for r in ranges})
     decision = decide(spec["batch"], found, {int(k): v for k, v in spec.get("pending", {}).items()})
     if decision is Decision.PUBLISH:
         identity = Published(spec["batch"], spec["attempt"], "batch")
-        publisher.publish(messages(spec["batch"], spec["count"], spec.get("crash"), publisher._producer), ranges,
+        publisher.publish(messages(spec["batch"], spec["count"], spec.get("crash"), publisher._producer),
                           identity)
         if spec.get("crash") == "committed":
             os.kill(os.getpid(), signal.SIGKILL)

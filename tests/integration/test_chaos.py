@@ -42,3 +42,4 @@ def test_kills_in_commit_and_reading_and_zombies_leave_no_violation(services, tm
     assert results["zombie"]["faults"] == {"zombie": 1}
     assert results["kill-reading:avro"]["faults"] == {"reading": 1}  # on a topic of Avro values
     assert code == 0
+

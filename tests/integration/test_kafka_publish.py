@@ -15,7 +15,6 @@ import pytest
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
 from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
-from kafka_batch.ranges import OffsetRange
 from tests.integration.helpers import ROOT, _committed_messages, create_topic, kafka_config
 
 pytestmark = pytest.mark.integration
@@ -65,7 +64,6 @@ def test_crashes_at_every_point_publish_each_batch_exactly_once(services, topics
 
 def test_a_zombie_attempt_is_fenced_and_publishes_nothing(services, topics):
     pipeline, source, output = topics
-    ranges = [OffsetRange(source, 0, 0, 10)]
     zombie = Publisher(kafka_config(), pipeline, output, timeout=30)
     zombie.fence()
     newer = Publisher(kafka_config(), pipeline, output, timeout=30)
@@ -77,11 +75,11 @@ def test_a_zombie_attempt_is_fenced_and_publishes_nothing(services, topics):
                 newer.fence()
                 assert decide(7, newer.published([(source, 0)]), {7: "running"}) is Decision.PUBLISH
                 newer.publish((Message(None, json.dumps({"batch": 7, "i": i}).encode()) for i in range(100)),
-                              ranges, Published(7, 2, "batch"))
+                              Published(7, 2, "batch"))
             yield Message(None, json.dumps({"batch": 7, "i": 1000 + i}).encode())
 
     with pytest.raises(FencedAttempt, match="attempt 1 was fenced"):
-        zombie.publish(zombie_messages(), ranges, Published(7, 1, "batch"))
+        zombie.publish(zombie_messages(), Published(7, 1, "batch"))
     assert _published(output) == Counter({(7, i): 1 for i in range(100)})
     assert [(p.batch_id, p.attempt) for p in newer.published([(source, 0)])] == [(7, 2)]
     zombie.close()
@@ -92,7 +90,7 @@ def test_a_batch_waits_for_another_batchs_pending_publish(services, topics):
     pipeline, source, output = topics
     first = Publisher(kafka_config(), pipeline, output, timeout=30)
     first.fence()
-    first.publish([Message(None, b'{"batch": 3, "i": 0}')], [OffsetRange(source, 1, 0, 5)], Published(3, 1, "batch"))
+    first.publish([Message(None, b'{"batch": 3, "i": 0}')], Published(3, 1, "batch"))
     first.close()
     # A replay planned meanwhile: batch 3 is in Kafka and not in Postgres, so the replay must wait.
     replay = Publisher(kafka_config(), pipeline, output, timeout=30)

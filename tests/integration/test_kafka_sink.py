@@ -7,6 +7,7 @@ each exactly once, in the batch the ledger says read it."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_batch_dev import local_stack, sample_data
+from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     _committed_messages,
     admin_client,
@@ -179,6 +180,58 @@ def test_status_shows_the_sink_and_fence_ends_a_killed_attempts_open_transaction
     assert {m["kafka_batch.batch"] for m in again} == {str(replay_id)}
 
 
+SINK_TRANSACTION_TIMEOUT_S = 5
+COORDINATOR_WAIT_S = 25  # what the test waits for the coordinator, fixed: a sink timeout past it turns it red
+
+
+def _stable_and_end(topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """Per partition, (last stable offset, high watermark), as the broker lists them."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = admin_client()  # kept while its futures run: they end with it
+
+    def latest(isolation) -> dict[int, int]:
+        asked = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        found = admin.list_offsets(asked, isolation_level=isolation, request_timeout=30)
+        return {tp.partition: future.result().offset for tp, future in found.items()}
+
+    stable, end = latest(IsolationLevel.READ_COMMITTED), latest(IsolationLevel.READ_UNCOMMITTED)
+    return {p: (stable[p], end[p]) for p in partitions}
+
+
+def test_the_coordinator_aborts_a_killed_attempts_transaction_after_the_sinks_timeout(services):
+    output = f"kafkatimeout_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 2)
+    pipeline = new_pipeline("kafkatimeout", partitions=1, limits={"max_records_per_batch": 1000},
+                            read={"kafka_timeout_seconds": 1},
+                            sinks={"kafka": {"topic": output, "value": {"page": "page"},
+                                             "transaction_timeout_seconds": SINK_TRANSACTION_TIMEOUT_S}})
+    [sink] = [sink for sink in pipeline.sinks if sink.kind == "kafka"]
+    killed = _attempt({"pipeline": pipeline.name, "topic": output, "batch": 7, "attempt": 1, "count": 40,
+                       "ranges": [[pipeline.topics[0], 0, 0, 40]], "crash": "producing",
+                       "transaction_timeout_ms": sink.transaction_timeout_seconds * 1000})
+    died = time.monotonic()
+    assert killed.returncode == -9, killed.stderr
+    held = _stable_and_end(output, [0, 1])
+    assert any(stable < end for stable, end in held.values()), held  # readers wait at the open transaction
+
+    # Nobody fences it: the transaction coordinator aborts it once it is older than the producer's timeout.
+    while any(stable < end for stable, end in _stable_and_end(output, [0, 1]).values()):
+        assert time.monotonic() - died < COORDINATOR_WAIT_S, "the coordinator did not abort the transaction"
+        time.sleep(0.5)
+    waited = time.monotonic() - died
+    ends = _stable_and_end(output, [0, 1])
+    assert all(stable == end for stable, end in ends.values()) and sum(end for _, end in ends.values()) > 20
+    assert waited >= SINK_TRANSACTION_TIMEOUT_S - 2, waited  # its timeout, not something sooner, ended it
+    assert _output(output) == []  # read_committed readers moved on past records that never became visible
+
+    # The pipeline's own batch then publishes each record once.
+    sample_data.produce_page_views(kafka_config(), pipeline.topics[0], 30, seed=87)
+    run_cli("run", "--pipeline", pipeline.name)
+    assert sorted(int(m["kafka_batch.source"].split(":")[2]) for m in _output(output)) == list(range(30))
+
+
 def test_a_message_over_the_size_limit_is_quarantined_and_a_missing_topic_changes_nothing(services):
     output = f"kafkasize_{uuid.uuid4().hex[:8]}_out"
     create_topic(output, 1)
@@ -208,17 +261,6 @@ def test_a_message_over_the_size_limit_is_quarantined_and_a_missing_topic_change
     assert failed.returncode != 0 and f"topic '{output}_missing' does not exist" in failed.stderr, failed.stderr
     assert positions(pipeline.name) == before
     assert query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}") == [(31,)]
-
-
-@pytest.fixture
-def second_cluster(services, tmp_path):
-    """Another broker (noida-db behind its front, as `make up` starts one), for a sink's own connection."""
-    state: dict = {}
-    local_stack.start_kafka(tmp_path, state)
-    try:
-        yield f"127.0.0.1:{state['kafka_port']}"
-    finally:
-        local_stack.stop_kafka(state)
 
 
 def test_a_sink_publishes_to_another_cluster_through_its_own_connection(second_cluster):

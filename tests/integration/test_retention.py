@@ -1,19 +1,26 @@
 """Retention overtaking the stored position, under both policies, against the real broker.
 
-`delete_records` moves the log start exactly as retention does. Ground truth is read from the topic
-before and after each deletion, so the expected totals never come from our own code.
+`delete_records` moves the log start exactly as retention does; Kafka's own retention deletes whole
+segments by time. Ground truth is read from the topic before and after each deletion, so the expected
+totals never come from our own code.
 """
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kafka_batch.errors import DataLossError
 from kafka_batch.kafka_source import read_range
 from kafka_batch.ranges import OffsetRange
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
+    admin_client,
     batches_of,
+    create_topic,
     delete_records,
     ground_truth,
     kafka_config,
@@ -98,3 +105,57 @@ def test_data_loss_fails_by_default_and_is_recorded_under_skip(services):
     assert positions(pipeline.name) == {(topic, 0): 300}
     assert table_contents(pipeline) == merged(first, second, third)
     assert "r4" not in {run for _, _, _, run, _, _ in batches_of(pipeline.name)}
+
+
+def _log_start(topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "group.id": "log-start"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
+    finally:
+        consumer.close()
+
+
+def _set_retention_ms(topic: str, value: str) -> None:
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("retention.ms", value, incremental_operation=AlterConfigOpType.SET)])
+    admin = admin_client()  # kept while its futures run: they end with it
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result()
+
+
+def test_segments_deleted_by_retention_before_they_were_read_are_data_loss_under_both_policies(services):
+    """Kafka's retention, not a deletion of ours: once a topic's retention.ms is lowered below its records'
+    age, its closed segments of such records go at the broker's next retention check, and the log then
+    starts where the broker says (the active segment's first offset)."""
+    pipeline = new_pipeline("retained", partitions=0)
+    topic = pipeline.topics[0]
+    create_topic(topic, 1, {"segment.ms": "1000"})  # a segment closes at the first append a second after it opened
+    hour = 3_600_000
+    now = int(time.time() * 1000)
+    sample_data.produce_page_views(kafka_config(), topic, 100, seed=11, start_ms=now - 3 * hour)
+    run_cli("run", "--pipeline", pipeline.name)
+    first = ground_truth(topic)
+    time.sleep(1.5)
+    sample_data.produce_page_views(kafka_config(), topic, 100, seed=12, start_ms=now - 2 * hour)  # a segment
+    time.sleep(1.5)
+    _produce(topic, 100, seed=13)  # recent records, in the segment that closes the one before
+
+    _set_retention_ms(topic, str(hour))  # the two closed segments hold records older than that
+    deadline = time.monotonic() + 60
+    while (start := _log_start(topic)) <= 100:
+        assert time.monotonic() < deadline, "retention deleted nothing within 60 s"
+        time.sleep(0.5)
+    assert start == 200  # the first offset of the segment retention kept
+
+    refused = run_cli("run", "--pipeline", pipeline.name, "--run-id", "kept", check=False)
+    assert refused.returncode == 5, refused.stderr
+    assert (f"{topic}[0]: data loss: stored position 100 is below the earliest available offset {start}"
+            in refused.stderr)
+    assert positions(pipeline.name) == {(topic, 0): 100} and table_contents(pipeline) == first
+
+    rest = ground_truth(topic)  # what retention left: offsets start..300
+    update_pipeline(pipeline.name, on_data_loss="skip")
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "accepted")
+    assert positions(pipeline.name) == {(topic, 0): 300}
+    assert table_contents(pipeline) == merged(first, rest)
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, start, "accepted")]

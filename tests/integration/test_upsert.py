@@ -38,9 +38,9 @@ COLUMNS = {"name": "name", "balance": {"expr": "balance", "type": "bigint"}}
 
 
 def upsert_pipeline(prefix: str, partitions: int = 3, key: str = "CAST(key AS STRING)", columns: dict = COLUMNS,
-                    envelope: str | None = None, **settings):
-    """A customers pipeline with one upsert sink on a new topic; `settings` go to the sink (version,
-    delete_when) or, for limits and replayable, to the pipeline."""
+                    envelope: str | None = None, topic_config: dict[str, str] | None = None, **settings):
+    """A customers pipeline with one upsert sink on a new topic (created with `topic_config`); `settings` go
+    to the sink (version, delete_when) or, for limits and replayable, to the pipeline."""
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     sink = {"table": name, "key": {"customer_id": {"expr": key, "type": "text"}}, "columns": columns,
             **{k: v for k, v in settings.items() if k in ("version", "delete_when")}}
@@ -52,7 +52,7 @@ def upsert_pipeline(prefix: str, partitions: int = 3, key: str = "CAST(key AS ST
         **{k: v for k, v in settings.items() if k in ("limits", "replayable")},
     }
     (Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]) / f"{name}.yaml").write_text(yaml.safe_dump(definition))
-    create_topic(f"{name}_topic", partitions)
+    create_topic(f"{name}_topic", partitions, topic_config)
     return load_pipeline(name)
 
 
@@ -153,7 +153,7 @@ def test_latest_record_per_key_with_deletes_through_batches_splits_and_transacti
 def test_a_producer_that_aborts_and_later_commits_loses_nothing(services):
     """One transactional id, as every exactly-once producer has: 3,000 records committed, 500 aborted, 2,000
     committed; a batch after the abort and one after the last commit. The second batch reads the 2,000
-    (noida-db alone lists the ended abort in every later fetch, and librdkafka then dropped them all)."""
+    (a broker that lists an ended abort in every later fetch makes librdkafka drop them all)."""
     pipeline = upsert_pipeline("one_id")
     topic = pipeline.topics[0]
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "transactional.id": topic})

@@ -73,8 +73,8 @@ def stubborn_broker(base):
     child_file = base / "child.pid"
     proc = subprocess.Popen(stubborn_command(0, child_file), start_new_session=True)
     child = int(wait_for_file(child_file))
-    state = {"postgres_port": 1, "kafka_broker_port": 1, "kafka_broker_pid": proc.pid,
-             "kafka_broker_started": local_stack._proc_stat(proc.pid)[3]}
+    state = {"postgres_port": 1, "kafka_port": 1, "kafka_pid": proc.pid,
+             "kafka_started": local_stack._proc_stat(proc.pid)[3]}
     (base / "state.json").write_text(json.dumps(state))
     yield proc, child
     for pid in (proc.pid, child):
@@ -122,7 +122,7 @@ def test_down_kills_a_broker_that_ignores_sigterm_with_its_whole_process_group(b
 
     assert gone(proc.pid) and gone(child)
     assert "ignored SIGTERM" in capsys.readouterr().err
-    assert "kafka_broker_pid" not in json.loads((base / "state.json").read_text())
+    assert "kafka_pid" not in json.loads((base / "state.json").read_text())
 
 
 def test_down_names_what_survives(base, stubborn_broker, monkeypatch):
@@ -136,13 +136,13 @@ def test_down_names_what_survives(base, stubborn_broker, monkeypatch):
 
     assert f"the Kafka broker: pid {min(proc.pid, child)} (" in str(raised.value)
     assert f"pid {max(proc.pid, child)} (" in str(raised.value)
-    assert json.loads((base / "state.json").read_text())["kafka_broker_pid"] == proc.pid  # still known, for a retry
+    assert json.loads((base / "state.json").read_text())["kafka_pid"] == proc.pid  # still known, for a retry
 
 
 def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_broker):
     proc, child = stubborn_broker
     state = json.loads((base / "state.json").read_text())
-    (base / "state.json").write_text(json.dumps({**state, "kafka_broker_started": state["kafka_broker_started"] - 1}))
+    (base / "state.json").write_text(json.dumps({**state, "kafka_started": state["kafka_started"] - 1}))
 
     local_stack.down(base)
 
@@ -151,9 +151,8 @@ def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_
 
 def test_up_says_a_failure_in_one_line_without_a_traceback(monkeypatch, capsys):
     def failing(spark_connect):
-        raise RuntimeError("the Kafka broker cannot read its data file back (/x/kafka): `make clean`")
+        raise RuntimeError("the Kafka broker exited with 1; log /x/kafka.log")
 
     monkeypatch.setattr(local_stack, "up", failing)
     assert local_stack.main(["up"]) == 1
-    assert capsys.readouterr().err == ("kafka-batch local up: error: the Kafka broker cannot read its data file back"
-                                       " (/x/kafka): `make clean`\n")
+    assert capsys.readouterr().err == "kafka-batch local up: error: the Kafka broker exited with 1; log /x/kafka.log\n"

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 # What a reader takes over from a cluster's settings: where it is and how to authenticate.
-_CLIENT_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "receive.message.max.bytes")
+_CLIENT_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.")
 
 
 def committed_messages(config: Mapping, topic: str, partitions: Iterable[int] | None = None,

