@@ -22,8 +22,9 @@ binaries, the data directory and the log that lacks o+x gets it (search only, ne
 is printed. That is what lets a root user clone anywhere, e.g. inside a 0700 `mktemp -d` or under /root.
 
 `down` stops every process `up` started and checks that they are gone: the broker gets SIGTERM (a
-controlled shutdown), then SIGKILL after a grace period (it then recovers its logs at the next start); Postgres gets `pg_ctl stop -m fast`, then `-m immediate`,
-then SIGKILL of the postmaster's process group. Whatever survives is reported as an error.
+controlled shutdown), then SIGKILL after a grace period (it then recovers its logs at the next start);
+Postgres gets `pg_ctl stop -m fast`, then `-m immediate`, then SIGKILL of the postmaster's process group.
+Whatever survives is reported as an error.
 """
 
 from __future__ import annotations
@@ -347,7 +348,9 @@ def start_kafka(base: Path, state: dict) -> None:
     kafka_broker.format_storage(home(), config, java)
     _start_service(base, state, "kafka", KAFKA, kafka_broker.node_command(home(), config, java), port, timeout=120)
     state["kafka_controller_port"] = controller_port
-    _wait(lambda: _broker_serves(port), KAFKA, base / "kafka.log", timeout=120)
+    _wait(lambda: _broker_serves(port) or not _service_running(state, "kafka"), KAFKA, base / "kafka.log", timeout=120)
+    if not _service_running(state, "kafka"):
+        raise RuntimeError(f"{KAFKA} exited; log {base / 'kafka.log'}:\n{_log_tail(base / 'kafka.log')}")
 
 
 def _broker_serves(port: int) -> bool:
