@@ -7,8 +7,9 @@ mechanism, KIP-98/KIP-447): the batch id as the offset of the output topic's fir
 metadata. A partition of the output topic, because the broker accepts offsets only for partitions it
 has, and the output cluster need not hold the input topics. The group's offsets change only when a
 transaction commits, so after `init_transactions` (which fences every older producer of the id and ends
-what it left open) they say which batch's output the id committed last. `decide` turns that, and which batches Postgres still has in
-flight, into what an attempt does; docs/design.md ("Publishing to Kafka") has the argument.
+what it left open) they say which batch's output the id committed last. `decide` turns that, and which
+batches Postgres still has in flight, into what an attempt does; docs/design.md ("Publishing to Kafka")
+has the argument.
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ class Decision(enum.Enum):
 def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]) -> Decision:
     """What an attempt of `batch_id` does, once its `init_transactions` has fenced every older producer.
 
-    `found`: the identities the publish group holds (the last batch the id published); `pending`: the batches Postgres has not committed, by id, with their
-    status. A batch found in Kafka but not committed in Postgres blocks every other batch: publishing
-    over it would replace its identity, and its next attempt would publish it again.
+    `found`: the identities the publish group holds (the last batch the id published); `pending`: the
+    batches Postgres has not committed, by id, with their status. A batch found in Kafka but not committed
+    in Postgres blocks every other batch: publishing over it would replace its identity, and its next
+    attempt would publish it again.
     """
     found = list(found)
     if any(p.batch_id == batch_id for p in found):

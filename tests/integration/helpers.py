@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -41,9 +42,10 @@ def pg_connect():
     return conn
 
 
-def admin_client() -> AdminClient:
-    """A plain admin client for the tests' own checks and setup (not the project's KafkaOffsets)."""
-    return AdminClient({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+def admin_client(config: dict | None = None) -> AdminClient:
+    """A plain admin client for the tests' own checks and setup (not the project's KafkaOffsets), on the
+    cluster of `config` (the session's by default)."""
+    return AdminClient({"bootstrap.servers": (config or kafka_config())["bootstrap.servers"]})
 
 
 def create_topic(topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
@@ -64,8 +66,6 @@ def compact(topic: str) -> dict[int, int]:
     each partition's last committed record is appended again after a second (the append rolls the segment;
     the latest record of each key stays what it was), then the topic is read until no key appears twice
     below those appends. Returns where each partition's uncleaned part begins."""
-    import time
-
     last = {m.partition(): m for m in _committed_messages(topic, _partitions(topic))}
     time.sleep(1.5)  # past segment.ms
     producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"], "enable.idempotence": True})
@@ -122,8 +122,7 @@ def _committed_messages(topic: str, partitions: list[int], config: dict | None =
 
 
 def _partitions(topic: str, config: dict | None = None) -> list[int]:
-    admin = AdminClient({"bootstrap.servers": (config or kafka_config())["bootstrap.servers"]})
-    return sorted(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+    return sorted(admin_client(config).list_topics(topic, timeout=30).topics[topic].partitions)
 
 
 def ground_truth(topic: str, select=None, duration_factor: int = 1, config: dict | None = None,

@@ -169,13 +169,15 @@ def _java(java_home: str | None) -> str:
     return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
 
 
-def jvm_command(home: Path, config_dir: Path, main_class: str, java_home: str | None, *args: str) -> list[str]:
-    return [_java(java_home), *JVM_OPTIONS, f"-Dlog4j2.configurationFile={config_dir / 'log4j2.properties'}",
+def _jvm_command(home: Path, config: Path, java_home: str | None, options: tuple[str, ...], main_class: str,
+                 *args: str) -> list[str]:
+    """A Kafka class run on the broker's jars, logging as `config`'s directory says."""
+    return [_java(java_home), *options, f"-Dlog4j2.configurationFile={config.parent / 'log4j2.properties'}",
             "-cp", classpath(home), main_class, *args]
 
 
 def node_command(home: Path, config: Path, java_home: str | None) -> list[str]:
-    return jvm_command(home, config.parent, MAIN_CLASS, java_home, str(config))
+    return _jvm_command(home, config, java_home, JVM_OPTIONS, MAIN_CLASS, str(config))
 
 
 def format_storage(home: Path, config: Path, java_home: str | None) -> None:
@@ -183,8 +185,8 @@ def format_storage(home: Path, config: Path, java_home: str | None) -> None:
     if (config.parent / "data" / "meta.properties").exists():
         return
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    command = [_java(java_home), "-Xmx256m", f"-Dlog4j2.configurationFile={config.parent / 'log4j2.properties'}",
-               "-cp", classpath(home), STORAGE_TOOL, "format", "--config", str(config), "--cluster-id", cluster_id]
+    command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
+                           "--cluster-id", cluster_id)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"formatting the Kafka node's storage failed (exit {result.returncode}):\n"
