@@ -82,11 +82,12 @@ chaos: install
 	$(BIN)/kafka-batch local up
 	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect --soak $(SOAK_SECONDS) $(CHAOS_ARGS)
 
-# The pipeline definition's JSON Schema (editors) and reference, written from the typed model; a test fails
-# while either is stale.
+# The pipeline definition's JSON Schema (editors) and reference, written from the typed model, and the
+# command line's reference, written from its parser; a test fails while any is stale.
 schema: install
 	$(BIN)/kafka-batch schema > pipelines/pipeline.schema.json
 	$(BIN)/kafka-batch schema --markdown > docs/configuration.md
+	$(BIN)/kafka-batch schema --commands > docs/cli.md
 
 lock: install
 	$(BIN)/pip freeze --all --exclude-editable | grep -v '^-e\|^pip==' | sed '1i # Every dependency pinned (Airflow constraints files cannot be fetched here). Regenerate with `make lock`.' > constraints.txt

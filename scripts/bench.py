@@ -71,12 +71,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from psycopg2 import sql
 
-from kafka_batch import connections, timings
-from kafka_batch.cli import submit_batch
+from kafka_batch import connections
+from kafka_batch.cli.commands import submit_batch
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.core import attempts, batches, database, planning
 from kafka_batch.core.commit import commit_batch
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka.source import KafkaOffsets
+from kafka_batch.observability import timings
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
 from kafka_batch.spark import jvm_archive
 from kafka_batch.spark.reader import read_task

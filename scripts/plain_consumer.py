@@ -22,7 +22,7 @@ import psycopg2
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from psycopg2.extras import execute_values
 
-# The consumer settings the project's reader uses (kafka_batch.kafka_source), so the two read alike.
+# The consumer settings the project's reader uses (kafka_batch.kafka.source), so the two read alike.
 TUNED = {"fetch.queue.backoff.ms": 10, "queued.min.messages": 200_000}
 
 

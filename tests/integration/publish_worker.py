@@ -1,4 +1,4 @@
-"""One attempt of publishing a batch (kafka_batch.kafka_publish), in its own process so a test can
+"""One attempt of publishing a batch (kafka_batch.kafka.publish), in its own process so a test can
 SIGKILL it at a chosen point: `python -m tests.integration.publish_worker '<json>'`.
 
 The JSON names the pipeline, output topic, batch id, attempt, the input ranges, how many messages, which
@@ -13,8 +13,8 @@ import signal
 import sys
 
 from kafka_batch import connections
-from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.publish import Decision, Message, Published, Publisher, decide
+from kafka_batch.kafka.ranges import OffsetRange
 
 
 def messages(batch_id: int, count: int, crash: str | None, producer):

@@ -23,8 +23,8 @@ from kafka_batch.core.positions import store_initial_positions
 from kafka_batch.core.resets import reset_positions
 from kafka_batch.core.state import ALLOWED, BatchStatus, check, sources
 from kafka_batch.errors import FencedAttempt, InputError, StateError
-from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch.sinks import staging
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
 from kafka_batch.sinks.rows import KEY, rows_to_stage

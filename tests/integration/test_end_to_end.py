@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch.spark import jvm_archive
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
@@ -94,7 +94,7 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
     other = new_pipeline("rerunconnect", partitions=1)
     sample_data.produce_page_views(kafka_config(), other.topics[0], 100, seed=9)
     run_cli("plan", "--pipeline", other.name)
-    script = ("import sys\nfrom kafka_batch.cli import submit_batch\nfrom kafka_batch.config import load_pipeline\n"
+    script = ("import sys\nfrom kafka_batch.cli.commands import submit_batch\nfrom kafka_batch.config import load_pipeline\n"
               "for name, batch in zip(sys.argv[1::2], sys.argv[2::2]):\n"
               "    submit_batch(load_pipeline(name), int(batch))\n")
     child = subprocess.run([sys.executable, "-c", script, other.name, str(batches_of(other.name)[0][0]),

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from kafka_batch import connections
 from kafka_batch.core import attempts
 from kafka_batch.errors import FencedAttempt
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.spark.job import run_batch
 from tests.integration.helpers import batches_of, create_topic, kafka_config, new_pipeline, positions, store_connection
 from tests.integration.test_core import _plan

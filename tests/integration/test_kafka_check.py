@@ -9,10 +9,11 @@ import json
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_batch import connections, kafka_check
+from kafka_batch import connections
 from kafka_batch.core import database, kafka_checks
-from kafka_batch.kafka_check import Finding, KafkaCheck
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka import check
+from kafka_batch.kafka.check import Finding, KafkaCheck
+from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     batches_of,
@@ -58,7 +59,7 @@ def test_a_cluster_whose_check_failed_is_refused_until_a_check_passes(second_clu
     # The verdict a check gives a broker that drops a producer's committed records after its abort (as a
     # Kafka-protocol server did that listed aborted transactions ended before the fetch).
     cluster = KafkaOffsets({"bootstrap.servers": second_cluster}).cluster_id()
-    skipped = kafka_check._wrong("a read that starts after an aborted transaction of the same producer", set(),
+    skipped = check._wrong("a read that starts after an aborted transaction of the same producer", set(),
                                  {7, 8, 9}, [3, 4, 5])
     findings = (Finding("read_after_abort", False, skipped, reads=True), Finding("fencing", True, "fenced", reads=False))
     conn = database.connect(connections.postgres_params(connections.from_environment("kafka_batch_postgres")))

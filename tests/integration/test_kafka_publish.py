@@ -1,4 +1,4 @@
-"""A batch's output published to Kafka exactly once (kafka_batch.kafka_publish), against the real broker:
+"""A batch's output published to Kafka exactly once (kafka_batch.kafka.publish), against the real broker:
 attempts SIGKILLed while producing and after the Kafka commit, a zombie attempt racing a newer one, and
 a batch blocked by another's pending publish. Ground truth is the output topic read by a plain
 read_committed consumer: every message of the batch exactly once, whatever the attempts did."""
@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
-from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
+from kafka_batch.kafka.publish import Decision, Message, Published, Publisher, decide
 from tests.integration.helpers import ROOT, _committed_messages, create_topic, kafka_config
 
 pytestmark = pytest.mark.integration

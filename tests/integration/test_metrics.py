@@ -1,4 +1,4 @@
-"""What monitoring sees of a batch run by the CLI (kafka_batch.metrics), through a real StatsD socket and
+"""What monitoring sees of a batch run by the CLI (kafka_batch.observability.metrics), through a real StatsD socket and
 a real OTLP/HTTP receiver configured by Airflow's own AIRFLOW__METRICS__* variables, checked against the
 ledger and against the topic read by a plain consumer; and `kafka-batch status --check` against the
 pipeline's alerts."""

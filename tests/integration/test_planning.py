@@ -14,7 +14,7 @@ import pytest
 
 from kafka_batch.core import planning
 from kafka_batch.errors import InputError
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     create_topic,

@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_batch.errors import ServiceError
-from kafka_batch.kafka_source import KafkaOffsets, read_partitions, read_range
-from kafka_batch.ranges import OffsetRange, PartitionState, plan_ranges
+from kafka_batch.kafka.ranges import OffsetRange, PartitionState, plan_ranges
+from kafka_batch.kafka.source import KafkaOffsets, read_partitions, read_range
 from tests.integration.helpers import create_topic, kafka_config, records_by_partition
 
 pytestmark = pytest.mark.integration
@@ -168,7 +168,7 @@ def test_packed_spark_tasks_read_every_range_once(transactional_partitions, spar
     """Many small ranges packed into few Spark tasks (one consumer per task) read exactly the records
     a plain consumer sees, each with its own range id."""
     from kafka_batch.config import ReadSettings
-    from kafka_batch.ranges import pack_tasks, split_for_tasks
+    from kafka_batch.kafka.ranges import pack_tasks, split_for_tasks
     from kafka_batch.spark.reader import read_ranges
 
     topic, ends, _ = transactional_partitions

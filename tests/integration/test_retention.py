@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from kafka_batch.errors import DataLossError
-from kafka_batch.kafka_source import read_range
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.kafka.source import read_range
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     admin_client,

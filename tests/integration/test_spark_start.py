@@ -13,7 +13,7 @@ import pytest
 from kafka_batch import connections
 from kafka_batch.config import PROJECT_ROOT
 from kafka_batch.core import planning
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch.spark import submit
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import kafka_config, new_pipeline, store_connection

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
 from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.sinks.base import StageContext
 from kafka_batch.spark.json_fields import JsonFields, parse_values
 from kafka_batch.spark.reader import ALL_COLUMNS, arrow_schema, messages_to_arrow, record_schema

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_batch.cli import build_parser
+from kafka_batch.cli.commands import build_parser
 
 REPLAY = ["replay", "--pipeline", "p", "--topic", "t"]
 

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kafka_batch import reference
+from kafka_batch.cli import reference
 from kafka_batch.config import PROJECT_ROOT, from_snapshot, load_pipelines, parse_pipeline, schema
 
 PIPELINES = PROJECT_ROOT / "pipelines"

@@ -7,7 +7,7 @@ from kafka_batch.errors import DataLossError, ServiceError, one_line, raised_in_
 # The text of the exception the driver gets when a reader's task raised (as logged by a chaos run).
 WORKER_TRACEBACK = """An exception was thrown from the Python worker:
 Traceback (most recent call last):
-  File "/tmp/spark-1/userFiles-2/kafka_batch.zip/kafka_batch/kafka_source.py", line 253, in _raise_read_error
+  File "/tmp/spark-1/userFiles-2/kafka_batch.zip/kafka_batch/kafka/source.py", line 253, in _raise_read_error
     raise DataLossError(f"{where}: offset out of range, records were deleted before they were read ({error.str()})")
 kafka_batch.errors.DataLossError: t[2] range 1775..3544 at offset 1775: offset out of range, records were deleted\
  before they were read (Broker: Offset out of range (broker 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_batch.errors import ServiceError
-from kafka_batch.kafka_publish import Decision, Published, _service_error, decide, transactional_id
+from kafka_batch.kafka.publish import Decision, Published, _service_error, decide, transactional_id
 
 
 def test_an_identity_round_trips_through_an_offsets_metadata():

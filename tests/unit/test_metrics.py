@@ -1,4 +1,4 @@
-"""kafka_batch.metrics' pure parts: a batch's points from its ledger row, a failure's, the lag's age, the
+"""kafka_batch.observability.metrics' pure parts: a batch's points from its ledger row, a failure's, the lag's age, the
 StatsD line the CLI writes (Airflow's format), and the alerts' bounds."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import socket
 from datetime import UTC, datetime, timedelta
 
-from kafka_batch import metrics
 from kafka_batch.config import Alerts
 from kafka_batch.errors import FencedAttempt, InputError
+from kafka_batch.observability import metrics
 
 FACTS = {"pipeline": "p", "kind": "batch", "status": "committed", "attempt": 3, "records_read": 90,
          "records_tombstone": 4, "records_invalid": 6, "read_seconds": 2.0, "commit_seconds": 0.5,

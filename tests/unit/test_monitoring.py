@@ -1,4 +1,4 @@
-"""docker-compose.yml's monitoring agrees with what the project sends (kafka_batch.metrics.METRICS): the
+"""docker-compose.yml's monitoring agrees with what the project sends (kafka_batch.observability.metrics.METRICS): the
 StatsD exporter's mapping names every metric, and the Grafana dashboard queries only those names, with
 labels that are their tags. (No Docker here: the files are checked, not run.)"""
 
@@ -9,8 +9,8 @@ import re
 
 import yaml
 
-from kafka_batch import metrics
 from kafka_batch.config import PROJECT_ROOT
+from kafka_batch.observability import metrics
 
 MONITORING = PROJECT_ROOT / "monitoring"
 COMPOSE = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_batch.errors import DataLossError, InputError, StateError
-from kafka_batch.ranges import (
+from kafka_batch.kafka.ranges import (
     OffsetRange,
     PartitionState,
     fair_shares,

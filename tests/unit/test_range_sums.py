@@ -7,8 +7,8 @@ import random
 
 import pyarrow as pa
 
-from kafka_batch import collector
 from kafka_batch.sinks.base import RangeCounts, range_counts, sums_by_range
+from kafka_batch.spark import collector
 
 
 def test_sums_per_range_match_sums_added_up_row_by_row():

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.spark.json_fields import PARSED, JsonFields, field_column
 from kafka_batch.spark.reader import BASE_COLUMNS, VALUE_BYTES, messages_to_arrow
 

@@ -75,7 +75,7 @@ class _Services:
     def __init__(self, pipeline, conns: list) -> None:
         from kafka_batch import connections
         from kafka_batch.core import database
-        from kafka_batch.kafka_source import KafkaOffsets
+        from kafka_batch.kafka.source import KafkaOffsets
 
         self.conns = conns  # what was resolved so far, for scrubbing an error raised further on
         postgres = connections.from_airflow(pipeline.connections.postgres)
@@ -200,7 +200,7 @@ def _kafka_sinks(pipeline, services: _Services, result: dict, conns: list) -> li
     that does not answer is the page's Kafka error, once."""
     if not pipeline.publishing_sinks or result["kafka_error"]:
         return []
-    from kafka_batch.kafka_publish import sink_states
+    from kafka_batch.kafka.publish import sink_states
 
     inputs = [(p["topic"], p["partition"]) for p in result["partitions"]]
     try:

@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from kafka_batch import metrics
 from kafka_batch.airflow.operators import BatchSparkSubmitOperator, airflow_stats
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
+from kafka_batch.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _kafka_config(pipeline: Pipeline) -> dict:
 def _services(pipeline: Pipeline):
     from kafka_batch import connections
     from kafka_batch.core import database
-    from kafka_batch.kafka_source import KafkaOffsets
+    from kafka_batch.kafka.source import KafkaOffsets
 
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
     kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)

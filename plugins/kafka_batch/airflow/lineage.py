@@ -1,14 +1,14 @@
 """A committed batch's lineage, handed to Airflow's OpenLineage provider by the execute operator
 (`get_openlineage_facets_on_complete`): the topics and exact ranges it read, the tables it wrote and the
-topics it published to (kafka_batch.lineage builds them). Its kind is the DAG run's type (scheduled, backfill, manual,
+topics it published to (kafka_batch.observability.lineage builds them). Its kind is the DAG run's type (scheduled, backfill, manual,
 asset_triggered), or replay for the replay DAG's batches."""
 
 from __future__ import annotations
 
 from airflow.providers.openlineage.extractors import OperatorLineage
 
-from kafka_batch import lineage
 from kafka_batch.config import Pipeline
+from kafka_batch.observability import lineage
 
 
 def batch_lineage(pipeline: Pipeline, kafka_config: dict, postgres: dict, batch, run_type: str,

@@ -16,9 +16,10 @@ from __future__ import annotations
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 
-from kafka_batch import connections, metrics
+from kafka_batch import connections
 from kafka_batch.config import Pipeline
 from kafka_batch.errors import KafkaBatchError
+from kafka_batch.observability import metrics
 from kafka_batch.spark.execution import batch_execution
 
 

@@ -14,7 +14,7 @@ from kafka_batch.config import Pipeline, from_snapshot
 from kafka_batch.core.database import connect, transaction
 from kafka_batch.core.state import RUNNABLE, BatchStatus, check, sources
 from kafka_batch.errors import StateError
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 
 BATCH_KINDS = ("batch", "replay")  # a replay recomputes committed ranges and never moves a position
 

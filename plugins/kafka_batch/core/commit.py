@@ -19,7 +19,7 @@ from kafka_batch.core import attempts, batches, data_loss, ledger, positions, qu
 from kafka_batch.core.database import transaction
 from kafka_batch.core.state import BatchStatus
 from kafka_batch.errors import StateError
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.sinks.base import RangeCounts, SinkOutput, TableSink
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from kafka_batch.config import Pipeline
 from kafka_batch.core import database, positions
 from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.errors import StateError
-from kafka_batch.kafka_source import KafkaOffsets, first_timestamps
+from kafka_batch.kafka.source import KafkaOffsets, first_timestamps
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 Nothing in a batch can see that a broker dropped committed records from a read_committed answer: the
 records are simply not there, and the position would move past them. So the broker is checked once per
-cluster (kafka_batch.kafka_check) and the verdict kept here; a batch reads only from a cluster whose
+cluster (kafka_batch.kafka.check) and the verdict kept here; a batch reads only from a cluster whose
 latest verdict is safe, or that was never checked (then it says so in its log).
 """
 
@@ -13,7 +13,7 @@ import logging
 
 from kafka_batch.core.database import apply_migrations, transaction
 from kafka_batch.errors import UnsafeBroker
-from kafka_batch.kafka_check import KafkaCheck, check_cluster
+from kafka_batch.kafka.check import KafkaCheck, check_cluster
 
 log = logging.getLogger("kafka_batch.kafka_checks")
 

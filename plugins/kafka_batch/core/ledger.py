@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from kafka_batch.core.batches import _RANGE_COLUMNS
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 
 
 def live_ranges(cur, pipeline_name: str, topic: str, partition: int) -> list[OffsetRange]:

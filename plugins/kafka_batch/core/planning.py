@@ -16,8 +16,8 @@ from kafka_batch.core import batches, database, ledger, positions, registry
 from kafka_batch.core.batches import Batch
 from kafka_batch.core.database import transaction
 from kafka_batch.errors import InputError
-from kafka_batch.kafka_source import KafkaOffsets, PartitionOffsets
-from kafka_batch.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
+from kafka_batch.kafka.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
+from kafka_batch.kafka.source import KafkaOffsets, PartitionOffsets
 
 
 def prepare(conn, pipeline: Pipeline) -> None:

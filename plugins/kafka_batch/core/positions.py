@@ -7,7 +7,7 @@ A position is stored once where a partition begins, moved by compare-and-set whe
 from __future__ import annotations
 
 from kafka_batch.errors import StateError
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 
 
 def store_initial_positions(cur, pipeline_name: str, initial: dict[tuple[str, int], int]) -> None:

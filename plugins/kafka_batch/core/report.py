@@ -12,7 +12,7 @@ from kafka_batch.core import batches, database
 from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.core.state import BatchStatus
-from kafka_batch.kafka_source import KafkaOffsets
+from kafka_batch.kafka.source import KafkaOffsets
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict
 
 
 def batch_facts(conn, batch_id: int) -> dict:
-    """What the ledger says of one batch, for its metrics (kafka_batch.metrics.batch_points): counts,
+    """What the ledger says of one batch, for its metrics (kafka_batch.observability.metrics.batch_points): counts,
     attempts, phases' seconds, what it published per topic and the offsets it recorded as lost, per partition."""
     with transaction(conn) as cur:
         cur.execute(

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kafka_batch import kafka_publish
 from kafka_batch.config import Pipeline
 from kafka_batch.core import batches, ledger, positions, registry
 from kafka_batch.core.commit import retire_ranges
 from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import OffsetRequest, offsets_at, prepare, read_partitions, refuse_folded
 from kafka_batch.errors import InputError, StateError
-from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.publish import published_pending
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.kafka.source import KafkaOffsets
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _refuse_published(cur, pipeline: Pipeline, kafka_config: dict | None, inputs
         return
     if kafka_config is None:
         raise StateError(f"pipeline {pipeline.name!r} publishes to Kafka: a reset needs its Kafka connection")
-    published = kafka_publish.published_pending(kafka_config, pipeline, pending, inputs)
+    published = published_pending(kafka_config, pipeline, pending, inputs)
     if published:
         batch_id, topic = min(published.items())
         raise InputError(

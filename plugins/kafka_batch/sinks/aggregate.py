@@ -16,7 +16,7 @@ from psycopg2 import sql
 from pydantic import model_validator
 
 from kafka_batch.errors import StateError
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.sinks.base import (
     Column,
     ColumnSpec,

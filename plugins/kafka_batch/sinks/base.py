@@ -22,8 +22,8 @@ from psycopg2 import sql
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from kafka_batch.errors import InputError, StateError
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.model import Expression, Identifier, Model
-from kafka_batch.ranges import OffsetRange
 
 if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa

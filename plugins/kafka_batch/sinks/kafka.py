@@ -6,7 +6,7 @@ range; Spark computes the messages. `changelog_of: <table>` (an aggregate's or u
 message per key whose row changed, keyed by the table's primary key, its value the new row (or a
 tombstone), so a compacted topic converges to the table; Postgres captures the keys
 (kafka_batch.sinks.changelog). Either way the commit transaction publishes last, through
-kafka_batch.kafka_publish (one Kafka transaction with the batch's identity), so a crash at any point
+kafka_batch.kafka.publish (one Kafka transaction with the batch's identity), so a crash at any point
 neither loses nor repeats a batch; docs/design.md has the argument.
 
 A published message cannot be taken back. For `rows`, `remove` (a replay's or a rewind's) changes
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import model_validator
 
 from kafka_batch.errors import InputError
-from kafka_batch.kafka_publish import Decision, Message, Published, Publisher, decide
+from kafka_batch.kafka.publish import Decision, Message, Published, Publisher, decide
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
-from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, changelog
 from kafka_batch.sinks.base import RangeCounts, Sink, SinkOutput, StageContext, TableSink, range_counts
 

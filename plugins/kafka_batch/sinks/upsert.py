@@ -27,8 +27,8 @@ from psycopg2 import sql
 from pydantic import Field, model_validator
 
 from kafka_batch.errors import StateError
+from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.model import Expression
-from kafka_batch.ranges import OffsetRange
 from kafka_batch.sinks import base, staging
 from kafka_batch.sinks.base import (
     Column,

@@ -27,8 +27,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kafka_batch import collector, connections, errors, timings
+from kafka_batch import connections, errors
 from kafka_batch.connections import ConnectionFields
+from kafka_batch.observability import timings
+from kafka_batch.spark import collector
 from kafka_batch.spark.package import package_zip
 
 log = logging.getLogger("kafka_batch.connect")

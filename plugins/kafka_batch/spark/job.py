@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from kafka_batch import connections, timings
+from kafka_batch import connections
 from kafka_batch.config import Pipeline
 from kafka_batch.core import attempts, batches, data_loss, database, kafka_checks
 from kafka_batch.core.commit import CommitResult, commit_batch, preview_replay
@@ -29,8 +29,9 @@ from kafka_batch.errors import (
     without_sqlstate,
 )
 from kafka_batch.formats.columns import Decoded, schema_id_column
-from kafka_batch.kafka_source import KafkaOffsets
-from kafka_batch.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
+from kafka_batch.kafka.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
+from kafka_batch.kafka.source import KafkaOffsets
+from kafka_batch.observability import timings
 from kafka_batch.sinks.base import StageContext, collect_arrow
 from kafka_batch.spark.json_fields import JsonFields, parses_in_reader
 from kafka_batch.spark.reader import ALL_COLUMNS, columns_used, expression_words, read_ranges

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # Executors never import these (Airflow wiring and the command line).
-_NOT_SHIPPED = ("airflow", "cli.py")
+_NOT_SHIPPED = ("airflow", "cli")
 
 
 def package_zip(directory: Path) -> Path:

@@ -24,9 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from kafka_batch import collector, timings
-from kafka_batch.kafka_source import read_partitions
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.kafka.source import read_partitions
+from kafka_batch.observability import timings
+from kafka_batch.spark import collector
 
 if TYPE_CHECKING:  # the definition's model: a cold Python worker would pay 0.3 s importing it
     from kafka_batch.config import ReadSettings

@@ -25,8 +25,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_batch.errors import InputError, ServiceError
-from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, read_range
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, read_range
 
 RECORDS_PER_TRANSACTION = 3
 

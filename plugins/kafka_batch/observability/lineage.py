@@ -23,7 +23,7 @@ from openlineage.client.facet_v2 import RunFacet, output_statistics_output_datas
 
 from kafka_batch.config import Pipeline
 
-log = logging.getLogger("kafka_batch.lineage")
+log = logging.getLogger("kafka_batch.observability.lineage")
 
 KINDS = ("scheduled", "backfill", "manual", "asset_triggered", "replay", "rewind")
 

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.errors import DataLossError, InputError, ServiceError
-from kafka_batch.ranges import OffsetRange
+from kafka_batch.kafka.ranges import OffsetRange
 
 # librdkafka's own log lines (e.g. one per failed reconnect, many a second while a broker is down) go
 # through Python logging: into the task log under Airflow; the CLI keeps them out of the terminal,

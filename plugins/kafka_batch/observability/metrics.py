@@ -26,7 +26,7 @@ from typing import Protocol
 
 from kafka_batch.errors import StateError
 
-log = logging.getLogger("kafka_batch.metrics")
+log = logging.getLogger("kafka_batch.observability.metrics")
 
 PREFIX = "kafka_batch"
 GAUGE, COUNTER, TIMER = "gauge", "counter", "timer"

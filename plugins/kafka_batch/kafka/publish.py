@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
-from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
+from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
 
-log = logging.getLogger("kafka_batch.kafka_publish")
+log = logging.getLogger("kafka_batch.kafka.publish")
 
 
 IDENTITY_PARTITION = 0  # the output topic's partition under which the publish group keeps the last identity

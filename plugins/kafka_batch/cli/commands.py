@@ -26,12 +26,13 @@ import psycopg2
 from confluent_kafka import KafkaException
 from tabulate import tabulate
 
-from kafka_batch import connections, metrics, timings
+from kafka_batch import connections
 from kafka_batch.config import load_pipeline, optional_time_ms
 from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import InputError, KafkaBatchError, ServiceError, UnsafeBroker, one_line
-from kafka_batch.kafka_source import LIBRDKAFKA_LOG, KafkaOffsets, first_timestamps
+from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, first_timestamps
+from kafka_batch.observability import metrics, timings
 from kafka_batch.spark.execution import batch_execution
 
 # `status --check`'s exit status when the pipeline is behind its alerts (errors keep theirs: errors.py).
@@ -116,7 +117,7 @@ def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[
     to_file, in_process_to_file = logging.FileHandler(path), logging.FileHandler(path)
     to_file.setFormatter(logging.Formatter("%(message)s"))  # spark-submit's lines are formatted already
     in_process_to_file.setFormatter(logging.Formatter(_LOG_FORMAT))
-    logger = logging.getLogger(f"kafka_batch.cli.spark_submit.{batch_id}")
+    logger = logging.getLogger(f"kafka_batch.cli.commands.spark_submit.{batch_id}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     logger.handlers = [to_file, _JobLines()]
@@ -309,7 +310,7 @@ def _announce_rewind(conn, pipeline, moves) -> None:
     """The rewind's lineage event, when OpenLineage is configured (its client is imported only then)."""
     if not any(move.direction == "rewind" for move in moves):
         return
-    from kafka_batch import lineage
+    from kafka_batch.observability import lineage
 
     client = lineage.client_from_environment()
     if client is not None:
@@ -331,7 +332,7 @@ def cmd_status(args) -> int:
         conn.close()
     sinks = []
     if pipeline.publishing_sinks:
-        from kafka_batch.kafka_publish import sink_states
+        from kafka_batch.kafka.publish import sink_states
 
         sinks = sink_states(_publish_config(pipeline), pipeline, [(r.topic, r.partition) for r in rows])
     lag = sum(r.lag for r in rows)
@@ -371,7 +372,7 @@ def cmd_fence(args) -> int:
     sinks = pipeline.publishing_sinks
     if not sinks:
         raise InputError(f"pipeline {pipeline.name} has no Kafka sink: no transaction of it to fence")
-    from kafka_batch.kafka_publish import Publisher
+    from kafka_batch.kafka.publish import Publisher
 
     for sink in sinks:
         publisher = Publisher(_publish_config(pipeline), pipeline.name, sink.topic)
@@ -452,74 +453,83 @@ def cmd_local(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from kafka_batch import reference
+    from kafka_batch.cli import reference
 
-    print(reference.markdown() if args.markdown else reference.schema_text(), end="")
+    if args.commands:
+        print(reference.commands_markdown(build_parser()), end="")
+    else:
+        print(reference.markdown() if args.markdown else reference.schema_text(), end="")
     return 0
 
 
-def _operator() -> str:
-    return os.environ.get("KAFKA_BATCH_OPERATOR") or getpass.getuser()
+def _operator(given: str) -> str:
+    """Who asks: `--by`, else $KAFKA_BATCH_OPERATOR, else the OS user (found when parsed, not when the
+    parser is built, so the generated reference names no user)."""
+    return given or os.environ.get("KAFKA_BATCH_OPERATOR") or getpass.getuser()
+
+
+PIPELINE_HELP = "the pipeline's name (its file in pipelines/ or $KAFKA_BATCH_PIPELINES_DIR)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-batch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan and persist the next batch (or --dry-run: only show it)")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--run-id", help="the run that owns the batch; the same id returns the same batch")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="show the ranges the next batch would read; store nothing")
     p.set_defaults(func=cmd_plan)
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("--verbose", action="store_true",
                          help="show Spark's whole log here (default: in a file, with the job's progress shown)")
     p = sub.add_parser("run", parents=[verbose], help="plan, execute with Spark and commit one batch")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--run-id", help="re-run the batch of this run id (a committed batch is a no-op)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--check", action="store_true",
                    help=f"exit {BEHIND} with one line when the lag is over the pipeline's alerts (for a cron or a probe)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("fence", help="abort the transaction the pipeline's Kafka sink left open (a killed attempt's"
                        " holds the topic's read_committed readers until it times out)")
-    p.add_argument("--pipeline", required=True)
-    p.add_argument("--reason", required=True)
-    p.add_argument("--by", default=_operator(), help="who asks (in the audit line); default: the OS user")
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
+    p.add_argument("--reason", required=True, help="why (in the audit line)")
+    p.add_argument("--by", type=_operator, default="", help="who asks (in the audit line); default: the OS user")
     p.set_defaults(func=cmd_fence)
     p = sub.add_parser("batches", help="the newest batches: kind, status, run, ranges, records, duration, error")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--last", type=_count, default=20, help="how many, newest first; default 20")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_batches)
     p = sub.add_parser("quarantine", help="records the pipeline could not process, with their reasons")
-    p.add_argument("--pipeline", required=True)
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--last", type=_count, default=50, help="how many (newest batches first); default 50")
     p.set_defaults(func=cmd_quarantine)
     # What replay and reset both act on, and who asks.
     partitions = argparse.ArgumentParser(add_help=False)
-    partitions.add_argument("--pipeline", required=True)
-    partitions.add_argument("--topic", required=True)
+    partitions.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
+    partitions.add_argument("--topic", required=True, help="one of the topics the pipeline reads")
     partitions.add_argument("--partitions", type=_partition_list,
                             help="comma-separated; default: every partition the pipeline has read")
-    partitions.add_argument("--by", default=_operator(), help="who asks (recorded); default: the OS user")
+    partitions.add_argument("--by", type=_operator, default="", help="who asks (recorded); default: the OS user")
     p = sub.add_parser("replay", parents=[partitions, verbose],
                        help="recompute committed ranges and swap their contributions (positions stay)")
-    p.add_argument("--from", dest="from_offset", type=_offset)
-    p.add_argument("--until", dest="until_offset", type=_offset)
+    p.add_argument("--from", dest="from_offset", type=_offset, help="the first offset to replay")
+    p.add_argument("--until", dest="until_offset", type=_offset, help="the offset after the last one to replay")
     p.add_argument("--from-time", help="ISO 8601 with a time zone, instead of --from/--until")
-    p.add_argument("--until-time")
-    p.add_argument("--reason", default="replay")
+    p.add_argument("--until-time", help="ISO 8601 with a time zone, instead of --until")
+    p.add_argument("--reason", default="replay", help="why (recorded with the replay)")
     p.add_argument("--run-id", help="the replay's id; the same id resumes the same replay")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="recompute and store per key what would change (kafka_batch.replay_previews); change nothing")
     p.set_defaults(func=cmd_replay)
     p = sub.add_parser("reset", parents=[partitions],
                        help="move positions back (rewind) or forward (skip); dry run unless --execute")
-    p.add_argument("--to-offset", type=_offset)
+    p.add_argument("--to-offset", type=_offset, help="the offset each chosen partition's position moves to")
     p.add_argument("--to-time", help="ISO 8601 with a time zone: the first offset at or after it")
-    p.add_argument("--reason", required=True)
+    p.add_argument("--reason", required=True, help="why (kept in kafka_batch.resets)")
     p.add_argument("--execute", action="store_true", help="apply the reset (default: show it only)")
     p.set_defaults(func=cmd_reset)
     p = sub.add_parser("check-kafka", help="check that a Kafka cluster's read_committed answers are right (writes"
@@ -531,7 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_kafka)
     p = sub.add_parser("local", help="start/stop the embedded local services (up --airflow: with Airflow's servers;"
                        " install: fetch Apache Kafka's broker once)")
-    p.add_argument("action", choices=["install", "up", "down", "env"])
+    p.add_argument("action", choices=["install", "up", "down", "env"],
+                   help="install: fetch Apache Kafka's broker (once); up, down: start or stop the services; env: print their"
+                   " environment (env.sh)")
     p.add_argument("--airflow", action="store_true", help="with up: also start Airflow's api-server, scheduler, "
                    "dag-processor and triggerer on loopback")
     p.add_argument("--no-spark-connect", action="store_true", help="with up: without the Spark Connect server "
@@ -540,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_local)
     p = sub.add_parser("schema", help="print the JSON Schema of a pipeline definition (for editors and CI checks)")
     p.add_argument("--markdown", action="store_true", help="print the reference of every field instead")
+    p.add_argument("--commands", action="store_true", help="print the reference of every command instead")
     p.set_defaults(func=cmd_schema)
     return parser
 

@@ -1,0 +1,2 @@
+"""What a batch tells the outside: metrics (StatsD, OpenTelemetry), OpenLineage events, and the phase timings
+`make bench` reads."""
