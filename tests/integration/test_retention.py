@@ -8,6 +8,8 @@ totals never come from our own code.
 from __future__ import annotations
 
 import time
+import uuid
+from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -32,6 +34,7 @@ from tests.integration.helpers import (
     table_contents,
     update_pipeline,
 )
+from tests.integration.test_kafka_sink import _output
 
 pytestmark = pytest.mark.integration
 
@@ -159,3 +162,33 @@ def test_segments_deleted_by_retention_before_they_were_read_are_data_loss_under
     assert positions(pipeline.name) == {(topic, 0): 300}
     assert table_contents(pipeline) == merged(first, rest)
     assert _data_loss(pipeline.name) == [(topic, 0, 100, start, "accepted")]
+
+
+def test_a_publishing_pipelines_refused_batch_is_superseded_once_the_loss_is_accepted(services):
+    """A pipeline with a Kafka sink keeps an unfinished batch only while its output is in Kafka (a new plan
+    would publish its records again). One refused for data loss never published: once the operator
+    accepts the loss, the next plan supersedes it and reads past the gap, and the output topic holds every
+    surviving record once."""
+    output = f"losspub_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 1)
+    pipeline = new_pipeline("losspub", partitions=1, sinks={"kafka": {"topic": output, "key": "user_id",
+                                                                      "value": {"page": "page"}}})
+    topic = pipeline.topics[0]
+    _produce(topic, 100, seed=21)
+    run_cli("run", "--pipeline", pipeline.name)
+    first = ground_truth(topic)
+    _produce(topic, 100, seed=22)
+    run_cli("plan", "--pipeline", pipeline.name, "--run-id", "r2")
+    delete_records(topic, 0, 130)
+    assert run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2", check=False).returncode == 5
+    assert run_cli("run", "--pipeline", pipeline.name, check=False).returncode == 5  # a new run, the same refusal
+
+    second = ground_truth(topic)  # offsets 130..200
+    update_pipeline(pipeline.name, on_data_loss="skip")
+    run_cli("run", "--pipeline", pipeline.name, "--run-id", "r2-accepted")
+    assert _batch_status(pipeline.name, "r2") == "superseded"
+    assert positions(pipeline.name) == {(topic, 0): 200}
+    assert _data_loss(pipeline.name) == [(topic, 0, 100, 130, "r2-accepted")]
+    assert table_contents(pipeline) == merged(first, second)
+    sources = Counter(m["kafka_batch.source"] for m in _output(output, partitions=[0]))
+    assert sources == Counter(f"{topic}:0:{offset}" for offset in [*range(100), *range(130, 200)])

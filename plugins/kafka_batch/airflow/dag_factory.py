@@ -40,6 +40,16 @@ def _kafka_config(pipeline: Pipeline) -> dict:
     return connections.kafka_config(connections.from_airflow(pipeline.connections.kafka))
 
 
+def _publish_config(pipeline: Pipeline) -> dict | None:
+    """The cluster the pipeline's Kafka sink publishes on (`connections.kafka_output`, or `kafka`); None
+    without a Kafka sink."""
+    from kafka_batch import connections
+
+    if not pipeline.publishing_sinks:
+        return None
+    return connections.kafka_config(connections.from_airflow(pipeline.connections.publish))
+
+
 def _services(pipeline: Pipeline):
     from kafka_batch import connections
     from kafka_batch.core import database
@@ -109,11 +119,12 @@ def build_dag(pipeline: Pipeline) -> DAG:
                 started = time.monotonic()
                 if pipeline.plan_by == "time":
                     batch = planning.plan_for_interval(
-                        conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
+                        conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id, publish_config=_publish_config(pipeline),
                         start_ms=int(data_interval_start.timestamp() * 1000), end_ms=int(data_interval_end.timestamp() * 1000),
                     )
                 else:
-                    batch = planning.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id)
+                    batch = planning.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
+                                                publish_config=_publish_config(pipeline))
                 if batch.status == "committed" and params["recompute"]:
                     batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                        dag_id=pipeline.dag_id)

@@ -147,7 +147,8 @@ def cmd_plan(args) -> int:
             for r in plan["ranges"]:
                 print(f"  {r['topic']}[{r['partition']}] {r['from_offset']}..{r['until_offset']}")
             return 0
-        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id(),
+                                     publish_config=_publish_config(pipeline) if pipeline.publishing_sinks else None)
         print(json.dumps(batch.summary(), indent=2))
     finally:
         conn.close()
@@ -203,7 +204,8 @@ def cmd_run(args) -> int:
     try:
         timings.mark("plan_start")
         started = time.monotonic()
-        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id())
+        batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id(),
+                                     publish_config=_publish_config(pipeline) if pipeline.publishing_sinks else None)
         planned_in = time.monotonic() - started
         timings.mark("plan_done")
     finally:

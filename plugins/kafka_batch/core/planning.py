@@ -16,6 +16,7 @@ from kafka_batch.core import batches, database, ledger, positions, registry
 from kafka_batch.core.batches import Batch
 from kafka_batch.core.database import transaction
 from kafka_batch.errors import InputError
+from kafka_batch.kafka.publish import published_pending
 from kafka_batch.kafka.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
 from kafka_batch.kafka.source import KafkaOffsets, PartitionOffsets
 
@@ -94,8 +95,9 @@ def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
 
 
 def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: Callable[[], object],
-               plan: Callable[[object, object], Batch]) -> Batch:
-    """The batch of a run: the persisted one if the run planned before (a retry), else `plan(cur, asked)`.
+               plan: Callable[[object, object], Batch], publish_config: dict | None) -> Batch:
+    """The batch of a run: the persisted one if the run planned before (a retry), or the pipeline's
+    unfinished batch if its output is in Kafka already, else `plan(cur, asked)`.
 
     `ask` (the Kafka questions) runs outside any transaction and before the pipeline is registered,
     so an unknown topic changes nothing; planning then holds the pipeline's lock, so concurrent runs
@@ -112,25 +114,42 @@ def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: C
         registry.lock_pipeline(cur, pipeline.name)
         existing = batches.find_batch(cur, pipeline.name, dag_id, run_id)
         if existing is None and pipeline.publishing_sinks:
-            # A batch that may have published is never superseded (its output may be out, and a new
-            # plan would publish it again): the run executes it, whose next attempt completes it.
-            existing = batches.unfinished(cur, pipeline.name)
+            existing = _published_unfinished(cur, pipeline, publish_config)
         return existing if existing is not None else plan(cur, asked)
 
 
-def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None) -> Batch:
-    """The next batch from the stored positions up to the last stable offsets, within the limits."""
+def _published_unfinished(cur, pipeline: Pipeline, publish_config: dict | None) -> Batch | None:
+    """The pipeline's unfinished batch if its output is in Kafka: such a batch is never superseded (a new
+    plan would publish its records again); the run executes it, and its next attempt completes it.
+
+    Asked under the pipeline's lock, which a commit takes before it publishes, and after the sink's
+    producers are fenced (`published_pending`), the answer is final. A batch that never published is
+    superseded like any other pipeline's, so the next plan applies the definition as it is now: after a
+    refused data loss, `on_data_loss: skip` then accepts it. Without the publishing cluster's settings,
+    any unfinished batch is taken as published."""
+    unfinished = batches.unfinished(cur, pipeline.name)
+    if unfinished is None or publish_config is None:
+        return unfinished
+    inputs = {(r.topic, r.partition) for r in unfinished.ranges}
+    return unfinished if published_pending(publish_config, pipeline, {unfinished.id: ""}, inputs) else None
+
+
+def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_id: str | None = None,
+               publish_config: dict | None = None) -> Batch:
+    """The next batch from the stored positions up to the last stable offsets, within the limits
+    (`publish_config`: the cluster a Kafka sink publishes on, asked whether an unfinished batch is out)."""
 
     def plan(cur, view: LogView) -> Batch:
         states, initial = partition_states(cur, pipeline, view)
         positions.store_initial_positions(cur, pipeline.name, initial)
         return batches.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline), lag=lag_of(states))
 
-    return _plan_once(conn, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan)
+    return _plan_once(conn, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan, publish_config)
 
 
 def plan_for_interval(
-    conn, kafka: KafkaOffsets, pipeline: Pipeline, *, run_id: str, start_ms: int, end_ms: int, dag_id: str | None = None
+    conn, kafka: KafkaOffsets, pipeline: Pipeline, *, run_id: str, start_ms: int, end_ms: int, dag_id: str | None = None,
+    publish_config: dict | None = None,
 ) -> Batch:
     """The batch of a run planned by time: records before the interval's end, from the stored position.
 
@@ -157,7 +176,7 @@ def plan_for_interval(
         return batches.insert_replay(cur, pipeline, run_id, dag_id, replayed, f"airflow:{run_id}",
                                    "interval already committed: recomputed")
 
-    return _plan_once(conn, pipeline, dag_id, run_id, ask, plan)
+    return _plan_once(conn, pipeline, dag_id, run_id, ask, plan, publish_config)
 
 
 # --- replays ---------------------------------------------------------------------------------------
