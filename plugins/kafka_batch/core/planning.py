@@ -95,7 +95,7 @@ def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
 
 
 def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: Callable[[], object],
-               plan: Callable[[object, object], Batch], publish_config: dict | None) -> Batch:
+               plan: Callable[[object, object], Batch], publish_config: dict | None = None) -> Batch:
     """The batch of a run: the persisted one if the run planned before (a retry), or the pipeline's
     unfinished batch if its output is in Kafka already, else `plan(cur, asked)`.
 
