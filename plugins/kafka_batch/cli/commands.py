@@ -48,8 +48,11 @@ def _kafka_config(pipeline) -> dict:
     return connections.kafka_config(connections.from_environment(pipeline.connections.kafka))
 
 
-def _publish_config(pipeline) -> dict:
-    """The Kafka connection the pipeline's Kafka sink publishes on (`connections.kafka_output`, or `kafka`)."""
+def _publish_config(pipeline) -> dict | None:
+    """The Kafka connection the pipeline's Kafka sink publishes on (`connections.kafka_output`, or `kafka`);
+    None without a Kafka sink."""
+    if not pipeline.publishing_sinks:
+        return None
     return connections.kafka_config(connections.from_environment(pipeline.connections.publish))
 
 
@@ -148,7 +151,7 @@ def cmd_plan(args) -> int:
                 print(f"  {r['topic']}[{r['partition']}] {r['from_offset']}..{r['until_offset']}")
             return 0
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id(),
-                                     publish_config=_publish_config(pipeline) if pipeline.publishing_sinks else None)
+                                     publish_config=_publish_config(pipeline))
         print(json.dumps(batch.summary(), indent=2))
     finally:
         conn.close()
@@ -205,7 +208,7 @@ def cmd_run(args) -> int:
         timings.mark("plan_start")
         started = time.monotonic()
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id(),
-                                     publish_config=_publish_config(pipeline) if pipeline.publishing_sinks else None)
+                                     publish_config=_publish_config(pipeline))
         planned_in = time.monotonic() - started
         timings.mark("plan_done")
     finally:
@@ -295,7 +298,7 @@ def cmd_reset(args) -> int:
     try:
         moves = resets.reset_positions(
             conn, kafka, pipeline, request, requested_by=args.by, reason=args.reason, dry_run=not args.execute,
-            kafka_config=_publish_config(pipeline) if pipeline.publishing_sinks else None,
+            kafka_config=_publish_config(pipeline),
         )
         if args.execute:
             metrics.send(metrics.from_environment(), metrics.reset_points(pipeline.name, moves))

@@ -188,8 +188,9 @@ def published_pending(config: dict[str, Any], pipeline, pending: Mapping[int, st
                       inputs: Iterable[tuple[str, int]]) -> dict[int, str]:
     """Which of the batches that may still commit (`pending`) are in Kafka already, per batch the topic:
     their output is published and their Postgres commit is pending. Every producer of each output topic is
-    fenced first, so no other batch can become so meanwhile. What would supersede such a batch (a
-    position reset) must refuse: the batch's next attempt completes it, a new batch would publish again."""
+    fenced first, so no other batch can become so meanwhile. What would supersede such a batch must not:
+    a position reset refuses, planning hands the batch to the run (its next attempt completes it; a new
+    batch would publish again)."""
     found: dict[int, str] = {}
     inputs = list(inputs)
     for sink in pipeline.publishing_sinks:
