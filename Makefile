@@ -70,7 +70,11 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 
-bench: install
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[local,test,bench]'
+	@touch $@
+
+bench: install $(VENV)/.bench
 	$(BIN)/kafka-batch local up
 	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
 

@@ -53,6 +53,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ import pyarrow as pa
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from peers import launch as peer_launch  # scripts/peers/
 from psycopg2 import sql
 
 from kafka_batch import connections
@@ -79,13 +81,15 @@ from kafka_batch.core.commit import commit_batch
 from kafka_batch.kafka.source import KafkaOffsets
 from kafka_batch.observability import timings
 from kafka_batch.sinks.base import RangeCounts, SinkOutput
-from kafka_batch.spark import jvm_archive
+from kafka_batch.spark import connect, jvm_archive
 from kafka_batch.spark.reader import read_task
 from kafka_batch.spark.submit import spark_environment
 from kafka_batch_dev import local_stack, sample_data
 from kafka_batch_dev.airflow_api import Server
 
 ROWS: list[dict] = []
+# Seconds of each system's best run by records per batch, from its command's start: the chart's points.
+CURVE: dict[str, dict[int, float]] = defaultdict(dict)
 # The two ways a batch reaches Spark (the pipeline's Spark connection): a long-lived Spark Connect server
 # (the samples' connection, started by `kafka-batch local up`), and spark-submit per batch.
 SUBMIT, CONNECT = "spark_default", "spark_connect_default"
@@ -145,6 +149,7 @@ class Env:
         self.kafka = connections.kafka_config(connections.from_environment("kafka_default"))
         self.postgres = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
         self.registry = connections.schema_registry_config(connections.from_environment("schema_registry_default"))
+        self.spark_connect = connect.connection_url(connections.from_environment("spark_connect_default"))
         self.tables: list[tuple[str, str]] = []
 
     def pipeline(self, name: str, topic: str, spark: str = SUBMIT, group: str = "page", **limits):
@@ -490,6 +495,67 @@ def plain_process(env: Env, ranges: list[tuple[str, int, int, int]], rounds: int
     return best
 
 
+# Spark's own ways to read a batch, run beside the pipeline on the same topics, Spark and Postgres
+# (scripts/peers/spark_peer.py): (name, spark_peer mode, where it runs). KafkaRDD has no Spark Connect API.
+JSON_COLUMNS = ["page", "minute", "views", "total_duration_ms"]  # the JSON aggregate's table, compared
+AVRO_COLUMNS = ["page", "country", "minute", "views", "total_duration_ms"]  # the Avro sample's
+SPARK_PEERS = (("Spark batch source", "batch", CONNECT), ("Spark batch source", "batch", SUBMIT),
+               ("AvailableNow stream", "available-now", CONNECT), ("KafkaRDD", "rdd", SUBMIT))
+
+
+def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: int, expected: str,
+             columns: list[str], **options: str) -> float:
+    """One run of a Spark peer over the ranges (or, streaming, their topic from their start), timed from its
+    command's start as `kafka-batch run` is; its table must hold exactly the pipeline's rows (`expected`,
+    compared on `columns`) and it must have read `records`, or the bench stops: a peer's time counts only
+    for the same result. Its seconds."""
+    name, mode, spark = peer
+    label = f"{name} {size}, {MODE[spark]}"
+    table = f"{env.prefix}_peer_{uuid.uuid4().hex[:8]}"
+    env.tables += [("public", t) for t in (table, f"{table}_offsets", f"{table}_batches")]
+    checkpoint = tempfile.mkdtemp(prefix="kafka_batch_checkpoint_") if mode == "available-now" else None
+    command, environment = peer_launch.spark_peer_command(
+        local_stack.home(), mode, env.spark_connect if spark == CONNECT else None, env.kafka, env.postgres,
+        spans(ranges), table, **options, **({"checkpoint": checkpoint} if checkpoint else {}))
+    settle()  # timed from a nearly idle machine
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environment})
+    seconds = time.monotonic() - started
+    if checkpoint:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{label} failed (exit {result.returncode}): {result.stderr[-3000:]}")
+    read = int(result.stdout.split()[-1])
+    conn = database.connect(env.postgres)
+    with conn, conn.cursor() as cur:
+        differ = peer_launch.same_rows(cur, expected, table, columns)
+    conn.close()
+    if read != records or differ:
+        raise RuntimeError(f"{label}: read {read:,} of {records:,} records; {differ} rows differ from the pipeline's"
+                           f" {expected} (its table {table} is kept)")
+    row(label, records / seconds, "records/s", f"{records:,} records in {seconds:.1f}s, whole process (spark_peer.py"
+        f" --mode {mode}); its rows are the pipeline's", seconds=round(seconds, 2))
+    CURVE[f"{name}, {MODE[spark]}"][records] = min(seconds, CURVE[f"{name}, {MODE[spark]}"].get(records, seconds))
+    return seconds
+
+
+def peer_targets(number: int, what: str, size: str, pipeline_s: dict[str, float], peer_s: dict[str, float]) -> list:
+    """The pipeline on Spark Connect against each Spark peer (issue 53's targets): never slower than Spark's
+    batch source on the same server, 1.2x the AvailableNow stream and the KafkaRDD job; spark-submit
+    against the batch source through spark-submit, reported."""
+    def ratio(peer: str, spark: str, ours: str = CONNECT) -> float:
+        return peer_s[f"{peer} {size}, {MODE[spark]}"] / pipeline_s[MODE[ours]]
+
+    if MODE[SUBMIT] in pipeline_s:
+        row(f"{what} {size}: Spark batch source / kafka-batch run, spark-submit", ratio("Spark batch source", SUBMIT,
+            SUBMIT), "x", "the batch source's spark-submit against the pipeline's, both from the command's start")
+    return [(f"{number} {what} {size}: kafka-batch run / Spark batch source >= 1.0, {MODE[CONNECT]}",
+             ratio("Spark batch source", CONNECT), 1.0, ">="),
+            (f"{number} same / AvailableNow stream >= 1.2, {MODE[CONNECT]}", ratio("AvailableNow stream", CONNECT),
+             1.2, ">="),
+            (f"{number} same / KafkaRDD (spark-submit) >= 1.2", ratio("KafkaRDD", SUBMIT), 1.2, ">=")]
+
+
 def jvm_archive_state() -> str:
     """Whether this spark-submit maps the driver JVM's class archive, or writes it (a slower run)."""
     path = jvm_archive.archive_path(spark_environment())
@@ -645,6 +711,11 @@ def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
                                   f"avro_baseline_{size}_{i}")
         for label, pipeline, batch in planned:
             runs[label].append(spark_run(env, pipeline, batch, label)["seconds"])
+        for (_label, pipeline, batch), size in zip(planned[:2], ("small", "big"), strict=True):
+            for peer in SPARK_PEERS:
+                runs[f"{peer[0]} {sizes[size]}, {MODE[peer[2]]}"].append(peer_run(
+                    env, peer, sizes[size], batch.ranges, batch.span, pipeline.sinks[0].table, AVRO_COLUMNS,
+                    format="avro", group="page,country", registry=env.registry["url"]))
     best = {label: min(seconds) for label, seconds in runs.items()}
 
     def ratio(size: str, spark: str) -> float:
@@ -653,7 +724,11 @@ def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
     return [(f"9 avro {sizes['small']}: kafka-batch run / plain consumer >= 1.5, {MODE[CONNECT]}",
              ratio("small", CONNECT), 1.5, ">="),
             (f"9 avro {sizes['big']}: the same >= 2, {MODE[CONNECT]}", ratio("big", CONNECT), 2, ">="),
-            (f"9 avro {sizes['big']}: the same >= 1.5, {MODE[SUBMIT]}", ratio("big", SUBMIT), 1.5, ">=")]
+            (f"9 avro {sizes['big']}: the same >= 1.5, {MODE[SUBMIT]}", ratio("big", SUBMIT), 1.5, ">="),
+            *peer_targets(14, "Avro", sizes["small"], {MODE[CONNECT]: best[f"avro {sizes['small']}, {MODE[CONNECT]}"]},
+                          best),
+            *peer_targets(14, "Avro", sizes["big"], {mode: best[f"avro {sizes['big']}, {mode}"]
+                                                     for mode in (MODE[CONNECT], MODE[SUBMIT])}, best)]
 
 
 def produce_transactions(kafka: dict, topic: str, transactions: list[tuple[int, bool]], seed: int) -> None:
@@ -867,6 +942,10 @@ def main() -> int:
     parser.add_argument("--after-abort-records", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of each part's measures; each figure is its best round")
+    parser.add_argument("--curve", default="1000,10000,100000",
+                        help="the chart's smaller batch sizes (the json part adds --small and --records)")
+    parser.add_argument("--chart", type=Path, default=PROJECT_ROOT / "docs" / "benchmarks.png",
+                        help="where the chart of records per second against batch size goes")
     parser.add_argument("--only", help=f"comma-separated parts ({', '.join(PARTS)}); their targets only")
     parser.add_argument("--json", type=Path, default=Path(os.environ.get("KAFKA_BATCH_HOME", PROJECT_ROOT / ".local"))
                         / "bench.json")
@@ -921,6 +1000,7 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
     warm_up(env, lambda i: env.pipeline(f"warm_{i}", small_topic, CONNECT))
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
     runs: dict[str, list[dict]] = defaultdict(list)
+    peer_runs: dict[str, list[float]] = defaultdict(list)
     small_name, big_name = f"{args.small / 1e6:g}M", f"{args.records / 1e6:g}M"
     for i, jobs in enumerate(rounds, 1):  # rounds, so that a slow minute of the machine hits every measure alike
         print(f"round {i} of {args.repeat}:", flush=True)
@@ -931,6 +1011,11 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
         plain_big = plain_process(env, spans(big_batch.ranges), 1, f"plain consumer process, {big_name}")
         for label, (pipeline, batch) in jobs.items():
             runs[label].append(spark_run(env, pipeline, batch, label))
+        for size, name in (("small", small_name), ("big", big_name)):
+            pipeline, batch = jobs[f"{size}, Spark Connect"]
+            for peer in SPARK_PEERS:
+                seconds = peer_run(env, peer, name, batch.ranges, batch.span, pipeline.sinks[0].table, JSON_COLUMNS)
+                peer_runs[f"{peer[0]} {name}, {MODE[peer[2]]}"].append(seconds)
     # Each job's fastest round; memory: the highest peak of any round.
     small_run, big_run, small_connect_run, big_connect_run = (
         {**min(runs[label], key=lambda r: r["seconds"]),
@@ -948,6 +1033,12 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
     row("spark-submit 1.5x from", breakeven(fixed_s, marginal, plain_rate, 1.5), "records",
         f"the batch size from which spark-submit reads 1.5x the plain consumer's rate: {fixed_s:.1f} s fixed, then"
         f" {marginal:,.0f} records/s")
+    peer_best = {label: min(seconds) for label, seconds in peer_runs.items()}
+    for records, connect_run, submit_run, plain in ((args.small, small_connect_run, small_run, plain_small),
+                                                    (args.records, big_connect_run, big_run, plain_big)):
+        CURVE[f"kafka-batch run, {MODE[CONNECT]}"][records] = connect_run["seconds"]
+        CURVE[f"kafka-batch run, {MODE[SUBMIT]}"][records] = submit_run["seconds"]
+        CURVE["plain consumer process"][records] = plain["value"]
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
     few_run = spark_run(env, few, few_batch, "4 partitions")
     return [
@@ -962,7 +1053,62 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
         (f"3 {args.many} partitions / 4 partitions wall time <= 2", many_run["seconds"] / few_run["seconds"], 2, "<="),
         ("6 worker peak RSS big / small <= 1.25", big_run["rss"]["worker"] / max(small_run["rss"]["worker"], 1), 1.25,
          "<="),
+        *peer_targets(14, "JSON", small_name, {MODE[CONNECT]: small_connect_run["seconds"],
+                                               MODE[SUBMIT]: small_run["seconds"]}, peer_best),
+        *peer_targets(14, "JSON", big_name, {MODE[CONNECT]: big_connect_run["seconds"],
+                                             MODE[SUBMIT]: big_run["seconds"]}, peer_best),
     ]
+
+
+def measure_curve(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """The chart's smaller batches (--curve sizes; the json part adds the small and the big size): at each,
+    the pipeline in both modes, every Spark peer and the plain consumer's whole process on the same records
+    (JSON page views, --partitions partitions, a topic per size), Spark Connect warmed up first."""
+    sizes = [int(n) for n in args.curve.split(",")]
+    topics = {}
+    for records in sizes:
+        topics[records] = f"{env.prefix}_curve_{records}"
+        sample_data.ensure_topic(env.kafka, topics[records], args.partitions)
+        sample_data.produce_page_views(env.kafka, topics[records], records, seed=15)
+    warm_up(env, lambda i: env.pipeline(f"curve_warm_{i}", topics[sizes[-1]], CONNECT))
+    for i in range(args.repeat):
+        for records in sizes:
+            size = f"{records:,}"
+            jobs = {spark: env.pipeline(f"curve_{records}_{i}_{spark}", topics[records], spark) for spark in (CONNECT, SUBMIT)}
+            planned = {spark: env.plan(pipeline) for spark, pipeline in jobs.items()}
+            for spark, pipeline in jobs.items():
+                seconds = spark_run(env, pipeline, planned[spark], f"curve {size}, {MODE[spark]}")["seconds"]
+                key = f"kafka-batch run, {MODE[spark]}"
+                CURVE[key][records] = min(seconds, CURVE[key].get(records, seconds))
+            batch = planned[CONNECT]
+            for peer in SPARK_PEERS:
+                peer_run(env, peer, size, batch.ranges, batch.span, jobs[CONNECT].sinks[0].table, JSON_COLUMNS)
+            plain = plain_process(env, spans(batch.ranges), 1, f"plain consumer process, {size}")
+            CURVE["plain consumer process"][records] = plain["value"]
+    return []
+
+
+def draw_chart(path: Path) -> None:
+    """Records per second against records per batch, log-log, one line per system (CURVE): where each wins."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5.5), dpi=110)
+    for system, points in sorted(CURVE.items()):
+        sizes = sorted(points)
+        axes.plot(sizes, [n / points[n] for n in sizes], marker="o", label=system,
+                  linestyle="--" if system.startswith("plain") else "-")
+    axes.set(xscale="log", yscale="log", xlabel="records per batch", ylabel="records per second (whole command)",
+             title=f"A batch of JSON page views, from the command's start ({os.cpu_count()} cores, one machine)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    print(f"chart written to {path}")
 
 
 def measure_fixed(args: argparse.Namespace, env: Env) -> list[tuple]:
@@ -1112,7 +1258,7 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 PARTS = {"json": measure_json, "fixed": measure_fixed, "airflow": measure_airflow, "metrics": measure_metrics,
          "commit": measure_commit, "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
-         "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink}
+         "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink, "curve": measure_curve}
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:
@@ -1132,9 +1278,12 @@ def measure(args: argparse.Namespace, env: Env) -> int:
         print(f"{name:<58} {value:>8.2f}  {'PASS' if ok else 'FAIL'}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "parts": parts,
-                                     "cores": os.cpu_count(), "measures": ROWS, "targets": results},
+                                     "cores": os.cpu_count(), "measures": ROWS, "targets": results,
+                                     "curve": CURVE},
                                     indent=2, default=str))
     print(f"\nwritten to {args.json}")
+    if CURVE:
+        draw_chart(args.chart)
 
     conn = database.connect(env.postgres)
     with conn, conn.cursor() as cur:

@@ -1,9 +1,7 @@
 """Apache Kafka's own broker, embedded: its jars from Maven Central and one KRaft node on loopback.
 
-`install()` resolves the pinned release (KAFKA_VERSION) with a standard resolver: Maven when `mvn` is on
-PATH (`dependency:copy-dependencies` of a generated POM), else the Ivy resolution that ships with pyspark
-(`spark-submit --packages`). The jars land in `<local home>/kafka-<version>/libs`, complete or not there,
-so a second install downloads nothing.
+`install()` resolves the pinned release (KAFKA_VERSION) from Maven Central (kafka_batch_dev.maven_jars)
+into `<local home>/kafka-<version>/libs`, once.
 
 `node_command()` and `write_config()` describe one node, broker and controller in one JVM (KRaft's
 combined mode), its internal topics set for one node, its storage formatted on first start
@@ -17,10 +15,10 @@ import base64
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 import uuid
 from pathlib import Path
+
+from kafka_batch_dev.maven_jars import JarSet
 
 KAFKA_VERSION = "4.4.0"  # docker-compose.yml's apache/kafka image pins the same release
 SCALA_VERSION = "2.13"
@@ -38,85 +36,21 @@ JVM_OPTIONS = ("-Xmx1g", "-Xms256m", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseM
                "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
                "-Djava.awt.headless=true")
 NODE_ID = 1
-COMPLETE = ".complete"  # written last: a libs directory without it is a cut-short install
+JARS = JarSet(f"Apache Kafka {KAFKA_VERSION}", f"kafka-{KAFKA_VERSION}/libs", ARTIFACTS,
+              f"*kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar")  # Ivy prefixes the group to the name
 
 
 def libs_dir(home: Path) -> Path:
-    return home / f"kafka-{KAFKA_VERSION}" / "libs"
+    return JARS.libs(home)
 
 
 def installed(home: Path) -> bool:
-    return (libs_dir(home) / COMPLETE).exists()
+    return JARS.installed(home)
 
 
 def install(home: Path, java_env: dict[str, str] | None = None) -> Path:
     """The broker's jars in `libs_dir(home)`, resolved once; the directory."""
-    target = libs_dir(home)
-    if installed(home):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".libs-", dir=target.parent))
-    try:
-        if shutil.which("mvn"):
-            _resolve_with_maven(staging)
-        else:
-            _resolve_with_ivy(staging, target.parent / "ivy", java_env or {})
-        if not any(staging.glob(f"*kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar")):  # Ivy prefixes the group
-            raise RuntimeError(f"resolving Apache Kafka {KAFKA_VERSION} left no kafka_{SCALA_VERSION} jar in {staging}")
-        (staging / COMPLETE).write_text(" ".join(ARTIFACTS) + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _pom() -> str:
-    dependencies = "".join(
-        f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>"
-        "</dependency>" for group, artifact, version in (coordinate.split(":") for coordinate in ARTIFACTS))
-    return ('<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
-            "<groupId>kafka-batch.local</groupId><artifactId>kafka-broker</artifactId><version>1</version>"
-            f"<packaging>pom</packaging><dependencies>{dependencies}</dependencies></project>\n")
-
-
-def _resolve_with_maven(target: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="kafka_batch_kafka_pom_") as work:
-        (Path(work) / "pom.xml").write_text(_pom())
-        _run(["mvn", "-B", "-q", "-f", str(Path(work) / "pom.xml"), "dependency:copy-dependencies",
-              "-DincludeScope=runtime", f"-DoutputDirectory={target}"], "Maven")
-
-
-def _resolve_with_ivy(target: Path, ivy_home: Path, java_env: dict[str, str]) -> None:
-    """spark-submit resolves `--packages` with Ivy into `ivy_home`/jars before it runs the application
-    (here one that does nothing). Ivy leaves out scala-library, which Spark always excludes since its
-    own is on its classpath: the broker takes that one, pyspark's Scala 2.13."""
-    with tempfile.TemporaryDirectory(prefix="kafka_batch_ivy_") as work:
-        noop = Path(work) / "resolve_only.py"
-        noop.write_text("")
-        spark_submit = str(Path(sys.executable).parent / "spark-submit")
-        _run([spark_submit, "--master", "local[1]", "--conf", f"spark.jars.ivy={ivy_home}",
-              "--packages", ",".join(ARTIFACTS), str(noop)], "Spark's Ivy resolution (spark-submit --packages)",
-             env={**os.environ, **java_env})
-    scala = sorted(Path(java_env.get("SPARK_HOME") or _pyspark_home()).glob(f"jars/scala-library-{SCALA_VERSION}.*.jar"))
-    if not scala:
-        raise RuntimeError(f"no scala-library {SCALA_VERSION} among pyspark's jars for the broker")
-    for jar in [*(ivy_home / "jars").glob("*.jar"), scala[-1]]:
-        shutil.copy2(jar, target / jar.name)
-
-
-def _pyspark_home() -> str:
-    import pyspark
-
-    return str(Path(pyspark.__file__).parent)
-
-
-def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
-    print(f"kafka-batch local: fetching Apache Kafka {KAFKA_VERSION} with {what}", file=sys.stderr)
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise RuntimeError(f"{what} could not fetch Apache Kafka {KAFKA_VERSION} (exit {result.returncode}):\n"
-                           f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return JARS.install(home, java_env)
 
 
 def classpath(home: Path) -> str:

@@ -47,7 +47,7 @@ import urllib.request
 from pathlib import Path
 
 from kafka_batch.config import PROJECT_ROOT
-from kafka_batch_dev import kafka_broker
+from kafka_batch_dev import kafka_broker, spark_connectors
 
 PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
@@ -446,7 +446,9 @@ SPARK_CONNECT = "the Spark Connect server"
 def start_spark_connect(base: Path, state: dict) -> None:
     """A Spark Connect server in local mode on loopback, with the settings spark-submit gives every
     batch (kafka_batch.spark.submit.SPARK_CONF), for pipelines whose Spark connection is
-    `spark_connect_default`; its Python workers fork from a daemon with the read's libraries imported."""
+    `spark_connect_default`; its Python workers fork from a daemon with the read's libraries imported.
+    Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make bench`
+    runs them beside the pipeline on this server."""
     from kafka_batch.spark.submit import DAEMON_MODULE, SPARK_CONF, spark_environment
 
     port = state.get("spark_connect_port") or free_port()
@@ -458,8 +460,9 @@ def start_spark_connect(base: Path, state: dict) -> None:
     else:  # an editable install from before the package existed: every worker would fail to start
         print(f"kafka-batch local: {DAEMON_MODULE} is not installed (run `make install`); the Spark Connect"
               " server's Python workers start from pyspark's own daemon", file=sys.stderr)
+    jars = spark_connectors.install(home(), spark_environment())
     command = [str(Path(sys.executable).parent / "spark-submit"), "--class", SPARK_CONNECT_SERVER,
-               "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect",
+               "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect", "--jars", ",".join(map(str, jars)),
                *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]
     env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
     _start_service(base, state, "spark_connect", SPARK_CONNECT, command, port, env, timeout=120)
@@ -808,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             print("Apache Kafka", kafka_broker.KAFKA_VERSION, "in", kafka_broker.install(home(), spark_environment()))
+            print("Spark's Kafka connectors in", spark_connectors.install(home(), spark_environment())[0].parent)
         except RuntimeError as exc:
             print(f"kafka-batch local install: error: {exc}", file=sys.stderr)
             return 1
