@@ -60,7 +60,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,7 +68,7 @@ import plain_consumer  # scripts/, beside this file
 import psutil
 import pyarrow as pa
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from peers import launch as peer_launch  # scripts/peers/
 from psycopg2 import sql
@@ -503,12 +503,12 @@ SPARK_PEERS = (("Spark batch source", "batch", CONNECT), ("Spark batch source", 
                ("AvailableNow stream", "available-now", CONNECT), ("KafkaRDD", "rdd", SUBMIT))
 
 
-def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: int, expected: str,
+def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: int, expected: str | None,
              columns: list[str], **options: str) -> float:
     """One run of a Spark peer over the ranges (or, streaming, their topic from their start), timed from its
     command's start as `kafka-batch run` is; its table must hold exactly the pipeline's rows (`expected`,
     compared on `columns`) and it must have read `records`, or the bench stops: a peer's time counts only
-    for the same result. Its seconds."""
+    for the same result. Its seconds. `expected` None: a warm-up run, neither checked nor recorded."""
     name, mode, spark = peer
     label = f"{name} {size}, {MODE[spark]}"
     table = f"{env.prefix}_peer_{uuid.uuid4().hex[:8]}"
@@ -517,7 +517,8 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
     command, environment = peer_launch.spark_peer_command(
         local_stack.home(), mode, env.spark_connect if spark == CONNECT else None, env.kafka, env.postgres,
         spans(ranges), table, **options, **({"checkpoint": checkpoint} if checkpoint else {}))
-    settle()  # timed from a nearly idle machine
+    if expected:
+        settle()  # timed from a nearly idle machine
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environment})
     seconds = time.monotonic() - started
@@ -525,6 +526,8 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
         shutil.rmtree(checkpoint, ignore_errors=True)
     if result.returncode != 0:
         raise RuntimeError(f"{label} failed (exit {result.returncode}): {result.stderr[-3000:]}")
+    if expected is None:
+        return seconds
     read = int(result.stdout.split()[-1])
     conn = database.connect(env.postgres)
     with conn, conn.cursor() as cur:
@@ -537,6 +540,19 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
         f" --mode {mode}); its rows are the pipeline's", seconds=round(seconds, 2))
     CURVE[f"{name}, {MODE[spark]}"][records] = min(seconds, CURVE[f"{name}, {MODE[spark]}"].get(records, seconds))
     return seconds
+
+
+def warm_up_peers(env: Env, ranges, batches: int = WARM_UP_BATCHES, **options: str) -> None:
+    """Run each Spark peer of the Spark Connect server `batches` times over `ranges`, unmeasured, as the
+    pipeline is warmed up (warm_up): the server's JVM compiles the Kafka source's hot paths as it did the
+    pipeline's, a long-lived server having run many."""
+    started = time.monotonic()
+    for peer in SPARK_PEERS:
+        if peer[2] == CONNECT:
+            for _ in range(batches):
+                peer_run(env, peer, "warm-up", ranges, 0, None, [], **options)
+    print(f"  warm-up: {batches} runs of each Spark peer via Spark Connect, not measured, in"
+          f" {time.monotonic() - started:.1f} s (load {load()})", flush=True)
 
 
 def peer_targets(number: int, what: str, size: str, pipeline_s: dict[str, float], peer_s: dict[str, float]) -> list:
@@ -664,7 +680,7 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
     sample_data.ensure_topic(env.kafka, topic, args.partitions)
     sample_data.produce_page_views(env.kafka, topic, args.small, seed=5)
     script = str(Path(__file__).with_name("plain_publisher.py"))
-    plain_s, sink_s = [], []
+    plain_s, sink_s, streams_s = [], [], []
     for n in range(args.repeat):
         output = f"{env.prefix}_publish_out_{n}"
         for name in (output, f"{output}_plain"):
@@ -678,8 +694,46 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
         plain_s.append(row("plain exactly-once publisher process", time.monotonic() - started, "s",
                            f"scripts/plain_publisher.py over {batch.span:,} records, whole process")["value"])
         sink_s.append(spark_run(env, pipeline, batch, "rows to a topic, Spark Connect")["seconds"])
+        streams_s.append(streams_run(env, topic, output, batch.span, n))
+    row("Kafka Streams / kafka-batch run, rows to a topic", min(streams_s) / min(sink_s), "x",
+        "the Kafka Streams application's whole process against the pipeline's Kafka sink, from each command's start")
     return [(f"13 rows to a topic, {args.small / 1e6:g}M: Kafka sink / plain publisher >= 1.5",
              min(plain_s) / min(sink_s), 1.5, ">=")]
+
+
+def published(env: Env, topic: str) -> Counter:
+    """Every committed message of `topic` as (key, value parsed), counted: two topics hold the same
+    messages when these are equal, whatever their partitions and order."""
+    consumer = plain_consumer.consumer(env.kafka, [])
+    partitions = AdminClient(env.kafka).list_topics(topic, timeout=30).topics[topic].partitions
+    ranges = [(topic, p, *consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)) for p in partitions]
+    consumer.close()
+    consumer = plain_consumer.consumer(env.kafka, ranges)
+    found = Counter((m.key(), tuple(sorted(json.loads(m.value()).items())))
+                    for m in plain_consumer.consume(consumer, ranges))
+    consumer.close()
+    return found
+
+
+def streams_run(env: Env, topic: str, expected: str, records: int, n: int) -> float:
+    """The Kafka Streams application (exactly_once_v2) over `topic` into a new topic, its whole process
+    timed; its messages must be the pipeline's (in `expected`). Its seconds."""
+    output = f"{expected}_streams"
+    partitions = topic_partitions(env, topic)
+    sample_data.ensure_topic(env.kafka, output, partitions)
+    command = peer_launch.streams_command(local_stack.home(), env.kafka, topic, output, f"{env.prefix}_streams_{n}",
+                                          min(partitions, os.cpu_count() or 2))
+    settle()  # timed from a nearly idle machine
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **spark_environment()})
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"Kafka Streams failed (exit {result.returncode}): {result.stderr[-3000:]}")
+    if published(env, output) != published(env, expected):
+        raise RuntimeError(f"Kafka Streams' {output} does not hold the pipeline's messages ({expected})")
+    row("Kafka Streams, rows to a topic", records / seconds, "records/s", f"{records:,} records in {seconds:.1f}s,"
+        " its whole process (exactly_once_v2); its messages are the pipeline's", seconds=round(seconds, 2))
+    return seconds
 
 
 def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
@@ -703,6 +757,7 @@ def measure_avro(args: argparse.Namespace, env: Env) -> list[tuple]:
     base: dict[str, dict] = {}
     runs: dict[str, list[float]] = defaultdict(list)
     warm_up(env, lambda i: env.avro_pipeline(f"avro_warm_{i}", topics["small"], CONNECT))
+    warm_up_peers(env, ranges["small"], format="avro", group="page,country", registry=env.registry["url"])
     for i, planned in enumerate(rounds):
         for size in ("small", "big"):
             env.tables += baseline_tables(env, f"avro_baseline_{size}_{i}")
@@ -896,6 +951,89 @@ def upsert_commit(env: Env, keys: int, name: str = "upsert_commit") -> tuple[flo
     return seconds[0], seconds[1]
 
 
+CUSTOMER_SCHEMA = {"type": "struct", "name": "customer", "optional": False, "fields": [
+    {"field": "name", "type": "string", "optional": False},
+    {"field": "balance", "type": "int64", "optional": False},
+    {"field": "updated_at", "type": "int64", "name": "org.apache.kafka.connect.data.Timestamp", "version": 1,
+     "optional": False}]}
+CUSTOMER_KEY_SCHEMA = {"type": "struct", "name": "customer_key", "optional": False, "fields": [
+    {"field": "customer_id", "type": "string", "optional": False}]}
+UPSERT_COLUMNS = ["customer_id", "name", "balance", "updated_at"]
+
+
+def copy_with_schemas(env: Env, ranges, topic: str) -> None:
+    """The customers of `ranges` again in `topic`, each record in its partition and order, its value with
+    its schema (Kafka Connect's JSON converter's envelope, which Debezium's JDBC sink needs to know its
+    columns; its key likewise, a struct of customer_id, as Debezium's own connectors write keys), tombstones
+    kept: the same changes in the form the connector reads."""
+    sample_data.ensure_topic(env.kafka, topic, len(ranges))
+    producer = Producer({"bootstrap.servers": env.kafka["bootstrap.servers"], "enable.idempotence": True,
+                         "linger.ms": 20, "batch.num.messages": 10_000})
+    consumer = plain_consumer.consumer(env.kafka, spans(ranges))
+    for m in plain_consumer.consume(consumer, spans(ranges)):
+        value = None
+        if m.value() is not None:
+            record = json.loads(m.value())
+            value = json.dumps({"schema": CUSTOMER_SCHEMA, "payload": {k: record[k] for k in ("name", "balance",
+                                                                                               "updated_at")}})
+        key = json.dumps({"schema": CUSTOMER_KEY_SCHEMA, "payload": {"customer_id": m.key().decode()}})
+        sample_data.send(producer, topic, key, value, partition=m.partition())
+    consumer.close()
+    sample_data.flush(producer, topic, 300)
+
+
+def debezium_run(env: Env, topic: str, records: int, expected: str, n: int) -> float:
+    """Kafka Connect standalone with Debezium's JDBC sink from `topic` into a new table, timed from its start
+    until the table holds exactly the pipeline's rows (`expected`), the moment a user could read it; then
+    stopped. Its seconds."""
+    table = f"{env.prefix}_debezium_{n}"
+    env.tables.append(("public", table))
+    conn = database.connect(env.postgres)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {table} (customer_id text PRIMARY KEY, name text, balance bigint,"
+                    " updated_at timestamptz)")
+        cur.execute(f"SELECT count(*) FROM {expected}")
+        (rows,) = cur.fetchone()
+    work = Path(tempfile.mkdtemp(prefix="kafka_batch_connect_"))
+    tasks = min(topic_partitions(env, topic), os.cpu_count() or 2)
+    command = peer_launch.connect_command(local_stack.home(), work, env.kafka, env.postgres, topic, table, tasks)
+    settle()  # timed from a nearly idle machine
+    log = open(work / "connect.log", "wb")
+    started = time.monotonic()
+    connect_worker = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
+                                                                                           **spark_environment()})
+    try:
+        with conn.cursor() as cur:
+            while True:
+                failed = "will not recover until manually restarted" in (work / "connect.log").read_text()
+                if connect_worker.poll() is not None or failed:
+                    raise RuntimeError(f"Kafka Connect exited ({connect_worker.returncode}) or its task failed: "
+                                       f"{(work / 'connect.log').read_text()[-3000:]}")
+                if time.monotonic() - started > 900:
+                    raise RuntimeError(f"Debezium's JDBC sink did not complete {table} in 900 s; see {work}")
+                cur.execute(f"SELECT count(*) FROM {table}")
+                if cur.fetchone()[0] == rows and not peer_launch.same_rows(cur, expected, table, UPSERT_COLUMNS):
+                    break
+                time.sleep(0.25)
+        seconds = time.monotonic() - started
+    finally:
+        connect_worker.terminate()
+        connect_worker.wait(60)
+        log.close()
+        conn.close()
+    shutil.rmtree(work, ignore_errors=True)
+    row(f"Debezium JDBC sink, {records / 1e6:g}M", records / seconds, "records/s",
+        f"{records:,} records into {rows:,} rows in {seconds:.1f}s, Kafka Connect standalone from its start to the"
+        f" table equal to the pipeline's ({tasks} tasks)", seconds=round(seconds, 2))
+    return seconds
+
+
+def topic_partitions(env: Env, topic: str) -> int:
+    admin = AdminClient(env.kafka)
+    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+
+
 def measure_upsert(args: argparse.Namespace, env: Env) -> list[tuple]:
     """The upsert line: its rows and its targets."""
     topic = f"{env.prefix}_customers"
@@ -913,12 +1051,18 @@ def measure_upsert(args: argparse.Namespace, env: Env) -> list[tuple]:
 
     base, best = side_by_side(args.repeat, planned, baseline_round, env)
     history_size(env, planned[0][1], planned[0][2].span)
+    with_schemas = f"{topic}_with_schemas"
+    copy_with_schemas(env, planned[0][2].ranges, with_schemas)
+    debezium_s = min(debezium_run(env, with_schemas, planned[0][2].span, planned[0][1].sinks[0].table, i)
+                     for i in range(args.repeat))
     for i in range(args.repeat):
         inserted_s, changed_s = upsert_commit(env, args.upsert_commit_keys, f"upsert_commit_{i}")
         commit = row("upsert commit", changed_s, "s", f"{args.upsert_commit_keys:,} changed keys (first commit, all"
                      f" new keys: {inserted_s:.2f} s)", first_commit_s=round(inserted_s, 2))
     return [
         *mode_targets(7, "upsert", planned[0][2].span, base, best),
+        (f"7 upsert: kafka-batch run / Debezium JDBC sink >= 1.5, {MODE[CONNECT]}",
+         debezium_s / best[f"upsert, {MODE[CONNECT]}"], 1.5, ">="),
         (f"7 upsert commit of {args.upsert_commit_keys // 1000}k changed keys (s) <= 2", commit["value"], 2, "<="),
     ]
 
@@ -998,6 +1142,7 @@ def measure_json(args: argparse.Namespace, env: Env) -> list[tuple]:
 
     print("measuring:", flush=True)
     warm_up(env, lambda i: env.pipeline(f"warm_{i}", small_topic, CONNECT))
+    warm_up_peers(env, rounds[0]["small"][1].ranges)
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
     runs: dict[str, list[dict]] = defaultdict(list)
     peer_runs: dict[str, list[float]] = defaultdict(list)
@@ -1071,6 +1216,7 @@ def measure_curve(args: argparse.Namespace, env: Env) -> list[tuple]:
         sample_data.ensure_topic(env.kafka, topics[records], args.partitions)
         sample_data.produce_page_views(env.kafka, topics[records], records, seed=15)
     warm_up(env, lambda i: env.pipeline(f"curve_warm_{i}", topics[sizes[-1]], CONNECT))
+    warm_up_peers(env, env.plan(env.pipeline("curve_peer_warm", topics[sizes[-1]])).ranges)
     for i in range(args.repeat):
         for records in sizes:
             size = f"{records:,}"

@@ -1,11 +1,14 @@
 """How `make bench` starts the peers: the commands, their jars, and the check that a peer's result is the
 pipeline's.
 
-Spark's peers (spark_peer.py) run with the connectors of kafka_batch_dev.spark_connectors: on the local
-Spark Connect server (which has them on its classpath) or through spark-submit with the pipeline's own
-settings (kafka_batch.spark.submit.SPARK_CONF, `local[*]`) and the connectors on `--jars`. The KafkaRDD
-peer's helper (kafka_batch_peers/KafkaRddRows.java) is compiled here with the JDK's javac, against
-pyspark's jars and the connectors, once per source.
+- Spark's peers (spark_peer.py) run with the connectors of kafka_batch_dev.spark_connectors: on the local
+  Spark Connect server (which has them on its classpath) or through spark-submit with the pipeline's own
+  settings (kafka_batch.spark.submit.SPARK_CONF, `local[*]`) and the connectors on `--jars`.
+- Kafka Streams (kafka_batch_peers/PageViewStreams.java) on Apache Kafka's kafka-streams.
+- Kafka Connect standalone (Apache Kafka's connect-runtime) with Debezium's JDBC sink connector as a
+  plugin, configured as connect-standalone.sh and Debezium's documentation do.
+Every jar comes from Maven Central once (kafka_batch_dev.maven_jars); the Java sources are compiled here
+with the JDK's javac, once per source.
 """
 
 from __future__ import annotations
@@ -15,16 +18,48 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 from kafka_batch.spark.submit import SPARK_CONF, java_home, spark_environment
 from kafka_batch_dev import spark_connectors
-from kafka_batch_dev.maven_jars import pyspark_home
+from kafka_batch_dev.kafka_broker import KAFKA_VERSION, LOG4J_VERSION
+from kafka_batch_dev.maven_jars import COMPLETE, JarSet, pyspark_home
 
 HERE = Path(__file__).parent
 SPARK_PEER = HERE / "spark_peer.py"
-SOURCES = sorted((HERE / "kafka_batch_peers").glob("*.java"))
+SOURCES = HERE / "kafka_batch_peers"
+JACKSON_VERSION = "2.21.7"  # the Jackson Apache Kafka KAFKA_VERSION ships
+DEBEZIUM_VERSION = "3.6.0.Final"  # the newest debezium-connector-jdbc on Maven Central
+STREAMS = JarSet(f"Kafka Streams {KAFKA_VERSION}", f"kafka-streams-{KAFKA_VERSION}/libs", (
+    f"org.apache.kafka:kafka-streams:{KAFKA_VERSION}", f"com.fasterxml.jackson.core:jackson-databind:{JACKSON_VERSION}",
+    f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}"), "*kafka-streams-*.jar")
+CONNECT_RUNTIME = JarSet(f"Kafka Connect {KAFKA_VERSION}", f"kafka-connect-{KAFKA_VERSION}/libs", (
+    f"org.apache.kafka:connect-runtime:{KAFKA_VERSION}", f"org.apache.kafka:connect-json:{KAFKA_VERSION}",
+    f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}"), "*connect-runtime-*.jar")
+DEBEZIUM_JDBC = f"io.debezium:debezium-connector-jdbc:{DEBEZIUM_VERSION}:tar.gz:plugin"
+
+
+def debezium_plugins(home: Path) -> Path:
+    """Debezium's JDBC sink as its documentation installs it: the connector's plugin archive (its jars, the
+    JDBC drivers among them) unpacked into a directory of Kafka Connect's `plugin.path`, once; that
+    directory. The archive from Maven Central through Maven (the connector's POM names a dependency that
+    Central does not hold, so its jars cannot be resolved one by one)."""
+    target = home / f"debezium-jdbc-{DEBEZIUM_VERSION}"
+    if (target / COMPLETE).exists():
+        return target
+    with tempfile.TemporaryDirectory(prefix="kafka_batch_debezium_") as work:
+        print(f"kafka-batch bench: fetching {DEBEZIUM_JDBC} with Maven", file=sys.stderr)
+        result = subprocess.run(["mvn", "-B", "-q", "dependency:copy", f"-Dartifact={DEBEZIUM_JDBC}",
+                                 f"-DoutputDirectory={work}"], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"Maven could not fetch {DEBEZIUM_JDBC}:\n{result.stdout[-3000:]}")
+        shutil.rmtree(target, ignore_errors=True)
+        with tarfile.open(next(Path(work).glob("*.tar.gz"))) as archive:
+            archive.extractall(target, filter="data")
+    (target / COMPLETE).write_text(DEBEZIUM_JDBC + "\n")
+    return target
 
 
 def _javac() -> str:
@@ -53,8 +88,8 @@ def compiled_jar(home: Path, sources: list[Path], classpath: list[Path], name: s
 def spark_jars(home: Path) -> list[Path]:
     """The connectors, and the KafkaRDD helper compiled against them."""
     connectors = spark_connectors.install(home, spark_environment())
-    rdd = [s for s in SOURCES if s.name == "KafkaRddRows.java"]
-    helper = compiled_jar(home, rdd, [Path(pyspark_home(), "jars", "*"), *connectors], "kafka-rdd-rows")
+    helper = compiled_jar(home, [SOURCES / "KafkaRddRows.java"], [Path(pyspark_home(), "jars", "*"), *connectors],
+                          "kafka-rdd-rows")
     return [*connectors, helper]
 
 
@@ -72,6 +107,52 @@ def spark_peer_command(home: Path, mode: str, remote: str | None, kafka: dict, p
               "--jars", ",".join(map(str, spark_jars(home))),
               *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]
     return [*submit, *args], spark_environment()
+
+
+def _java() -> str:
+    home = java_home()
+    return str(Path(home) / "bin" / "java") if home else (shutil.which("java") or "java")
+
+
+def streams_command(home: Path, kafka: dict, source: str, output: str, application_id: str, threads: int) -> list[str]:
+    """The Kafka Streams application over `source` into `output`, with as many stream threads as the
+    input has partitions up to the machine's cores (Kafka Streams' guide: one thread per core)."""
+    STREAMS.install(home, spark_environment())
+    jars = STREAMS.jars(home)
+    app = compiled_jar(home, [SOURCES / "PageViewStreams.java"], jars, "page-view-streams")
+    return [_java(), "-cp", ":".join(map(str, [app, *jars])), "kafka_batch_peers.PageViewStreams",
+            kafka["bootstrap.servers"], source, output, application_id, str(threads)]
+
+
+def connect_command(home: Path, work: Path, kafka: dict, postgres: dict, topic: str, table: str,
+                    tasks: int) -> list[str]:
+    """Kafka Connect standalone (connect-standalone.sh's JVM settings) running Debezium's JDBC sink from
+    `topic` (JSON keys and values with their schemas) into `table` (created beforehand): upserts keyed
+    by the record key, tombstones deleted. Its settings are those Debezium's documentation gives for
+    throughput: batches of 10,000 records (`batch.size` and the consumer's `max.poll.records` together)
+    and the reduction buffer (one write per key in a batch)."""
+    runtime = CONNECT_RUNTIME.install(home, spark_environment())
+    work.mkdir(parents=True, exist_ok=True)
+    worker = {
+        "bootstrap.servers": kafka["bootstrap.servers"],
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter", "key.converter.schemas.enable": "true",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter", "value.converter.schemas.enable": "true",
+        "offset.storage.file.filename": work / "offsets", "plugin.path": debezium_plugins(home),
+        "consumer.max.poll.records": 10_000, "consumer.isolation.level": "read_committed",
+        "consumer.auto.offset.reset": "earliest", "listeners": "http://127.0.0.1:0",
+    }
+    url = f"jdbc:postgresql://{postgres['host']}:{postgres['port']}/{postgres['dbname']}"
+    connector = {
+        "name": f"jdbc-sink-{table}", "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+        "tasks.max": tasks, "topics": topic, "connection.url": url, "connection.username": postgres["user"],
+        "connection.password": postgres.get("password") or "", "insert.mode": "upsert", "delete.enabled": "true",
+        "primary.key.mode": "record_key", "primary.key.fields": "customer_id", "schema.evolution": "none",
+        "collection.name.format": table, "batch.size": 10_000, "use.reduction.buffer": "true",
+    }
+    for name, settings in (("worker", worker), ("connector", connector)):
+        (work / f"{name}.properties").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    return [_java(), "-Xms256M", "-Xmx2G", "-cp", f"{runtime}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
+            str(work / "worker.properties"), str(work / "connector.properties")]
 
 
 def same_rows(cur, expected: str, actual: str, columns: list[str]) -> int:
