@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 # from caching them (0.1 s of every command). Stale files are ignored by Python, and refreshed here.
 install: $(STAMP)
 	@$(BIN)/python -m compileall -q plugins tools spark_jobs dags >/dev/null
-	@$(BIN)/kafka-batch local install >/dev/null  # Apache Kafka's broker from Maven Central, once
+	@$(BIN)/kafka-batch local install >/dev/null  # Apache Kafka's broker and Spark's Kafka connectors, once
 
 up: install
 	$(BIN)/kafka-batch local up
