@@ -74,7 +74,7 @@ import plain_consumer  # scripts/, beside this file
 import psutil
 import pyarrow as pa
 import yaml
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from peers import launch as peer_launch  # scripts/peers/
 from psycopg2 import sql
@@ -714,10 +714,9 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
 def published(env: Env, topic: str) -> Counter:
     """Every committed message of `topic` as (key, value parsed), counted: two topics hold the same
     messages when these are equal, whatever their partitions and order."""
-    consumer = plain_consumer.consumer(env.kafka, [])
-    partitions = AdminClient(env.kafka).list_topics(topic, timeout=30).topics[topic].partitions
-    ranges = [(topic, p, *consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)) for p in partitions]
-    consumer.close()
+    kafka = KafkaOffsets(env.kafka)
+    offsets = kafka.offsets(kafka.partitions((topic,)))
+    ranges = [(t, p, o.log_start, o.last_stable) for (t, p), o in offsets.items()]
     consumer = plain_consumer.consumer(env.kafka, ranges)
     found = Counter((m.key(), tuple(sorted(json.loads(m.value()).items())))
                     for m in plain_consumer.consume(consumer, ranges))
@@ -1040,8 +1039,7 @@ def debezium_run(env: Env, topic: str, records: int, expected: str, n: int) -> f
 
 
 def topic_partitions(env: Env, topic: str) -> int:
-    admin = AdminClient(env.kafka)
-    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+    return len(KafkaOffsets(env.kafka).partitions((topic,)))
 
 
 def measure_upsert(args: argparse.Namespace, env: Env) -> list[tuple]:

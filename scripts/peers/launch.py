@@ -62,9 +62,10 @@ def debezium_plugins(home: Path) -> Path:
     return target
 
 
-def _javac() -> str:
+def _jdk(tool: str) -> str:
+    """`java` or `javac` of the JDK Spark runs on (kafka_batch.spark.submit.java_home), else PATH's."""
     home = java_home()
-    return str(Path(home) / "bin" / "javac") if home else (shutil.which("javac") or "javac")
+    return str(Path(home) / "bin" / tool) if home else (shutil.which(tool) or tool)
 
 
 def compiled_jar(home: Path, sources: list[Path], classpath: list[Path], name: str) -> Path:
@@ -76,7 +77,7 @@ def compiled_jar(home: Path, sources: list[Path], classpath: list[Path], name: s
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kafka_batch_peers_") as classes:
         cp = ":".join(map(str, classpath))
-        result = subprocess.run([_javac(), "-d", classes, "-cp", cp, *map(str, sources)], capture_output=True, text=True)
+        result = subprocess.run([_jdk("javac"), "-d", classes, "-cp", cp, *map(str, sources)], capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"javac of {', '.join(s.name for s in sources)} failed:\n{result.stderr[-3000:]}")
         staging = jar.with_suffix(".tmp")
@@ -109,18 +110,13 @@ def spark_peer_command(home: Path, mode: str, remote: str | None, kafka: dict, p
     return [*submit, *args], spark_environment()
 
 
-def _java() -> str:
-    home = java_home()
-    return str(Path(home) / "bin" / "java") if home else (shutil.which("java") or "java")
-
-
 def streams_command(home: Path, kafka: dict, source: str, output: str, application_id: str, threads: int) -> list[str]:
     """The Kafka Streams application over `source` into `output`, with as many stream threads as the
     input has partitions up to the machine's cores (Kafka Streams' guide: one thread per core)."""
     STREAMS.install(home, spark_environment())
     jars = STREAMS.jars(home)
     app = compiled_jar(home, [SOURCES / "PageViewStreams.java"], jars, "page-view-streams")
-    return [_java(), "-cp", ":".join(map(str, [app, *jars])), "kafka_batch_peers.PageViewStreams",
+    return [_jdk("java"), "-cp", ":".join(map(str, [app, *jars])), "kafka_batch_peers.PageViewStreams",
             kafka["bootstrap.servers"], source, output, application_id, str(threads)]
 
 
@@ -151,7 +147,7 @@ def connect_command(home: Path, work: Path, kafka: dict, postgres: dict, topic: 
     }
     for name, settings in (("worker", worker), ("connector", connector)):
         (work / f"{name}.properties").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    return [_java(), "-Xms256M", "-Xmx2G", "-cp", f"{runtime}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
+    return [_jdk("java"), "-Xms256M", "-Xmx2G", "-cp", f"{runtime}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
             str(work / "worker.properties"), str(work / "connector.properties")]
 
 

@@ -11,11 +11,12 @@ starts with them (local_stack.start_spark_connect).
 from __future__ import annotations
 
 import re
+from importlib.metadata import version
 from pathlib import Path
 
 from kafka_batch_dev.maven_jars import JarSet, pyspark_home
 
-SPARK_VERSION = "4.2.0"  # the pinned pyspark's (constraints.txt)
+SPARK_VERSION = version("pyspark")  # the connectors must be of the installed Spark's release
 ARTIFACTS = tuple(f"org.apache.spark:{name}_2.13:{SPARK_VERSION}"
                   for name in ("spark-sql-kafka-0-10", "spark-streaming-kafka-0-10", "spark-avro"))
 JARS = JarSet(f"Spark's Kafka connectors {SPARK_VERSION}", f"spark-kafka-{SPARK_VERSION}/libs", ARTIFACTS,
@@ -34,6 +35,7 @@ def _artifact(jar: Path) -> str:
 
 def install(home: Path, java_env: dict[str, str] | None = None) -> list[Path]:
     """The connectors and the dependencies pyspark does not ship (kafka-clients, commons-pool2); their jars."""
-    shipped = {_artifact(jar) for jar in Path(pyspark_home(), "jars").glob("*.jar")}
-    JARS.install(home, java_env, keep=lambda jar: _artifact(jar) not in shipped)
+    if not JARS.installed(home):  # each Spark Connect start asks: pyspark's jars are listed only to install
+        shipped = {_artifact(jar) for jar in Path(pyspark_home(), "jars").glob("*.jar")}
+        JARS.install(home, java_env, keep=lambda jar: _artifact(jar) not in shipped)
     return JARS.jars(home)
