@@ -119,8 +119,9 @@ def format_storage(home: Path, config: Path, java_home: str | None) -> None:
     if (config.parent / "data" / "meta.properties").exists():
         return
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # One argument with its option: an id may begin with "-", which would read as an option of its own.
     command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
-                           "--cluster-id", cluster_id)
+                           f"--cluster-id={cluster_id}")
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"formatting the Kafka node's storage failed (exit {result.returncode}):\n"
