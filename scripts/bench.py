@@ -17,7 +17,9 @@ produces the data, plans every batch, then measures (each with the load average 
   airflow         the same batch as an Airflow DAG run (Airflow started here on the bench's pipelines, its
                   scheduler and LocalExecutor): the execute task's duration, and the whole run's
   kafka-sink      the small size's records published to a topic by a pipeline's Kafka sink, against a plain
-                  consume-transform-produce loop committing a transaction every 10,000 records
+                  consume-transform-produce loop committing a transaction every 10,000 records (and the
+                  sink without its lineage headers, whose messages are the loop's); and one batch of
+                  --publish-big (10M) records, the driver's peak memory against the small size's
   metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
                   backend that is down (a host that does not resolve), the same with OpenTelemetry (an
                   OTLP receiver, a closed port), against the same with metrics off
@@ -48,7 +50,7 @@ not counted. Measures run in rounds (--repeat, 3): each figure is its best round
 sample), so a slow minute of a shared machine does not decide a ratio.
 Prints ONE table with each target's ratio and PASS/FAIL, also written as JSON (--json). The
 single-process reads report their CPU time (librdkafka's threads too). --only runs some parts.
-Targets live here, not in tests. BENCH_ARGS scales it down: --records 200000 --small 100000 --many 100 --repeat 1.
+Targets live here, not in tests. BENCH_ARGS scales it down: --records 200000 --small 100000 --many 100 --publish-big 1000000 --repeat 1.
 """
 
 from __future__ import annotations
@@ -180,12 +182,15 @@ class Env:
         definition["sinks"]["aggregate"]["table"] = f"{name}_minutes"
         return definition
 
-    def publishing_pipeline(self, name: str, topic: str, output: str, spark: str = CONNECT):
+    def publishing_pipeline(self, name: str, topic: str, output: str, spark: str = CONNECT, limits: dict | None = None,
+                            headers: list[str] | None = None):
         """The page views, each published to `output` (key user_id; page and duration): a Kafka sink alone,
-        its batches bounded to 10M records (a publish must fit the transaction's timeout)."""
-        definition = self._sample("page_views", name, topic, spark, {"max_records_per_batch": 10**7})
+        its batches bounded to 10M records (a publish must fit the transaction's timeout); `headers`: the
+        lineage headers its messages carry (default: all)."""
+        definition = self._sample("page_views", name, topic, spark, {"max_records_per_batch": 10**7, **(limits or {})})
         definition["sinks"] = {"kafka": {"topic": output, "key": "user_id", "value": {
-            "page": "page", "duration_ms": {"expr": "duration_ms", "type": "bigint"}}}}
+            "page": "page", "duration_ms": {"expr": "duration_ms", "type": "bigint"}},
+            **({} if headers is None else {"headers": headers})}}
         return self._written(definition)
 
     def _written(self, definition: dict):
@@ -690,7 +695,7 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
     sample_data.ensure_topic(env.kafka, topic, args.partitions)
     sample_data.produce_page_views(env.kafka, topic, args.small, seed=5)
     script = str(Path(__file__).with_name("plain_publisher.py"))
-    plain_s, sink_s, streams_s = [], [], []
+    plain_s, sink_runs, bare_s, streams_s = [], [], [], []
     for n in range(args.repeat):
         output = f"{env.prefix}_publish_out_{n}"
         for name in (output, f"{output}_plain"):
@@ -703,12 +708,53 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
                         json.dumps(spans(batch.ranges)), "--output", f"{output}_plain"], check=True, capture_output=True)
         plain_s.append(row("plain exactly-once publisher process", time.monotonic() - started, "s",
                            f"scripts/plain_publisher.py over {batch.span:,} records, whole process")["value"])
-        sink_s.append(spark_run(env, pipeline, batch, "rows to a topic, Spark Connect")["seconds"])
+        sink_runs.append(spark_run(env, pipeline, batch, "rows to a topic, Spark Connect"))
+        # The same without the lineage headers: the plain publisher's messages exactly.
+        bare_output = f"{output}_bare"
+        sample_data.ensure_topic(env.kafka, bare_output, args.partitions)
+        bare = env.publishing_pipeline(f"publish_bare_{n}", topic, bare_output, headers=[])
+        bare_s.append(spark_run(env, bare, env.plan(bare), "rows to a topic without headers, Spark Connect")["seconds"])
+        if n == 0 and published(env, bare_output) != published(env, f"{output}_plain"):
+            raise RuntimeError(f"the sink without headers ({bare_output}) does not hold the plain publisher's messages")
         streams_s.append(streams_run(env, topic, output, batch.span, n))
+    sink_s = [run["seconds"] for run in sink_runs]
     row("Kafka Streams / kafka-batch run, rows to a topic", min(streams_s) / min(sink_s), "x",
         "the Kafka Streams application's whole process against the pipeline's Kafka sink, from each command's start")
+    row("Kafka sink without headers / plain publisher, rows to a topic", min(plain_s) / min(bare_s), "x",
+        "the sink with `headers: []`, whose messages are the plain publisher's, against it (target 13's case with the"
+        " sink's five lineage headers per message)")
+    big = publish_big(args, env)
+    driver = min(run["rss"]["driver"] for run in sink_runs)
     return [(f"13 rows to a topic, {args.small / 1e6:g}M: Kafka sink / plain publisher >= 1.5",
-             min(plain_s) / min(sink_s), 1.5, ">=")]
+             min(plain_s) / min(sink_s), 1.5, ">="),
+            (f"55 driver peak RSS, rows to a topic, {args.publish_big / 1e6:g}M / {args.small / 1e6:g}M <= 1.25",
+             big["rss"]["driver"] / driver, 1.25, "<=")]
+
+
+def publish_big(args: argparse.Namespace, env: Env) -> dict:
+    """One batch of --publish-big records (10M) through the Kafka sink, for the driver's peak memory (the
+    messages stream through it: it holds a few pieces, whatever the batch's size) and the rate at that
+    size; the ledger must say it published every record."""
+    topic, output = f"{env.prefix}_publish_big", f"{env.prefix}_publish_big_out"
+    for name in (topic, output):
+        sample_data.ensure_topic(env.kafka, name, args.partitions)
+    started = time.monotonic()
+    sample_data.produce_page_views(env.kafka, topic, args.publish_big, seed=6)
+    print(f"produced {args.publish_big:,} records to {topic} in {time.monotonic() - started:.1f}s", flush=True)
+    # Tasks of 250k records: the server holds a task per core ahead for the driver (docs/sinks/kafka.md
+    # sizes them to its memory: 1 GB here); the small size's batch, of two tasks, runs with the defaults.
+    pipeline = env.publishing_pipeline("publish_big", topic, output, limits={"max_records_per_task": 250_000})
+    batch = env.plan(pipeline)
+    result = spark_run(env, pipeline, batch, f"rows to a topic, {args.publish_big / 1e6:g}M, Spark Connect")
+    conn = database.connect(env.postgres)
+    with conn.cursor() as cur:
+        cur.execute("SELECT (published -> %s ->> 'messages')::bigint FROM kafka_batch.batches WHERE id = %s",
+                    (output, batch.id))
+        [(messages,)] = cur.fetchall()
+    conn.close()
+    if messages != batch.span:
+        raise RuntimeError(f"the {args.publish_big:,}-record batch published {messages} messages, not {batch.span:,}")
+    return result
 
 
 def published(env: Env, topic: str) -> Counter:
@@ -1092,6 +1138,8 @@ def main() -> int:
     parser.add_argument("--upsert-keys", type=int, default=100_000)
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--after-abort-records", type=int, default=1_000_000)
+    parser.add_argument("--publish-big", type=int, default=10_000_000,
+                        help="the Kafka sink's big batch, for the driver's memory against the small size's")
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of each part's measures; each figure is its best round")
     parser.add_argument("--curve", default="1000,10000,100000",

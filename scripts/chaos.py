@@ -503,7 +503,8 @@ def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> b
 
 def stop_inside_publish(pipeline: str, run_id: str, tables: dict[str, str], proc: subprocess.Popen) -> bool:
     """The run's process group stopped while the Kafka sink's transaction is open on its topic (the
-    two steps below); False if the run never got there, its group continuing."""
+    two steps below: shape rows opened it in the read, so it is open at the commit already; a changelog
+    opens it in the commit, after the gate); False if the run never got there, its group continuing."""
     return (stop_before_publish(pipeline, run_id, tables["aggregate"], proc)
             and step_into_transaction(tables["kafka"], proc))
 

@@ -180,6 +180,57 @@ def test_status_shows_the_sink_and_fence_ends_a_killed_attempts_open_transaction
     assert {m["kafka_batch.batch"] for m in again} == {str(replay_id)}
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["beside-an-aggregate", "alone"])
+def test_messages_go_out_in_offset_order_when_a_range_is_read_by_several_tasks_and_a_replay_by_many(services, alone):
+    # Tasks of at most 3 offsets: 10 offsets make pieces of 2, 3, 2 and 3, which packing (biggest first)
+    # would read as 2-4, 7-9, 0-1, 5-6; and a replay of both batches (10 and 7 offsets) reads part of the
+    # later range before the earlier one is complete. The output has one partition: its order is total.
+    # More tasks than cores: the sink takes the records in waves, of the persisted read beside an aggregate,
+    # each read on its own when it is the pipeline's only sink.
+    output = f"kafkaorder_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 1)
+    pipeline = new_pipeline("kafkaorder", partitions=1, limits={"max_records_per_task": 3},
+                            sinks={"kafka": {"topic": output, "value": {"page": "page"}},
+                                   **({"aggregate": None} if alone else {})})
+    assert len(pipeline.sinks) == (1 if alone else 2)
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 10, seed=88)
+    run_cli("run", "--pipeline", pipeline.name)
+    sample_data.produce_page_views(kafka_config(), topic, 7, seed=89)
+    run_cli("run", "--pipeline", pipeline.name)
+    assert query("SELECT from_offset, until_offset FROM kafka_batch.ledger WHERE pipeline = %s ORDER BY 1",
+                 pipeline.name) == [(0, 10), (10, 17)]
+    run_cli("replay", "--pipeline", pipeline.name, "--topic", topic, "--partitions", "0", "--from", "0", "--until",
+            "17", "--reason", "order")
+
+    def offsets(kind: str) -> list[int]:
+        return [int(m["kafka_batch.source"].split(":")[2]) for m in _output(output, (0,)) if m["kafka_batch.kind"] == kind]
+
+    assert offsets("batch") == list(range(17))
+    assert offsets("replay") == list(range(17))
+
+
+def test_messages_carry_only_the_headers_asked_for(services):
+    output = f"kafkaheaders_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 1)
+    pipeline = new_pipeline("kafkaheaders", partitions=1, sinks={"aggregate": None, "kafka": {
+        "topic": output, "key": "user_id", "value": {"page": "page"}, "headers": []}})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 20, seed=90)
+    run_cli("run", "--pipeline", pipeline.name)
+    expected = [(m.key(), {"page": json.loads(m.value())["page"]}) for m in _committed_messages(topic, [0])]
+    published = list(_committed_messages(output, [0]))
+    assert [(m.key(), json.loads(m.value())) for m in published] == expected
+    assert all(m.headers() is None for m in published)
+    update_pipeline(pipeline.name, sinks={"kafka": {"topic": output, "key": "user_id", "value": {"page": "page"},
+                                                    "headers": ["batch", "source"]}})
+    sample_data.produce_page_views(kafka_config(), topic, 5, seed=91)
+    run_cli("run", "--pipeline", pipeline.name)
+    later = list(_committed_messages(output, [0]))[20:]
+    assert [[k for k, _ in m.headers()] for m in later] == [["kafka_batch.batch", "kafka_batch.source"]] * 5
+    assert [m.headers()[1][1].decode() for m in later] == [f"{topic}:0:{offset}" for offset in range(20, 25)]
+
+
 SINK_TRANSACTION_TIMEOUT_S = 5
 COORDINATOR_WAIT_S = 25  # what the test waits for the coordinator, fixed: a sink timeout past it turns it red
 

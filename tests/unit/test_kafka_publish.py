@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from kafka_batch.errors import ServiceError
 from kafka_batch.kafka.publish import Decision, Published, _service_error, decide, transactional_id
+from kafka_batch.kafka.ranges import OffsetRange
+from kafka_batch.sinks.kafka import in_input_order
 
 
 def test_an_identity_round_trips_through_an_offsets_metadata():
@@ -36,3 +39,34 @@ def test_a_transaction_the_broker_lost_is_said_to_have_published_nothing():
         " publishes the batch")
     down = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
     assert str(_service_error("publishing batch 7 to 'out'", down)) == "publishing batch 7 to 'out': broker down"
+
+
+def _rows(*records: tuple[int, int, int]) -> pa.Table:
+    """(range id, partition, offset) rows of topic t, as the Kafka sink's result carries them."""
+    return pa.table({"range_id": [r for r, _, _ in records], "partition": [p for _, p, _ in records],
+                     "offset": [o for _, _, o in records]})
+
+
+def _order(pieces) -> list[tuple[int, int]]:
+    return [(p, o) for piece in pieces for p, o in zip(piece["partition"].to_pylist(), piece["offset"].to_pylist(),
+                                                       strict=True)]
+
+
+def test_rows_arriving_in_task_order_go_out_in_offset_order_per_partition():
+    # One range per partition: the order of arrival is kept, as it is.
+    tasks = [[OffsetRange("t", 0, 0, 2, range_id=1), OffsetRange("t", 1, 0, 2, range_id=2)],
+             [OffsetRange("t", 0, 2, 4, range_id=1)]]
+    arriving = [_rows((1, 0, 0), (2, 1, 0), (1, 0, 1), (2, 1, 1)), _rows((1, 0, 2), (1, 0, 3))]
+    assert list(in_input_order(arriving, tasks)) == arriving
+    # A replay of two batches: partition 0's later range (id 4) is read by the first task, its earlier
+    # one (id 3) by the second; range 4's rows wait for range 3, partition 1's go out at once.
+    tasks = [[OffsetRange("t", 0, 10, 20, range_id=4), OffsetRange("t", 1, 0, 5, range_id=5)],
+             [OffsetRange("t", 0, 0, 10, range_id=3)]]
+    arriving = [_rows((4, 0, 10), (5, 1, 0), (4, 0, 11), (5, 1, 1)), _rows((3, 0, 0), (3, 0, 9))]
+    out = _order(in_input_order(arriving, tasks))
+    assert out == [(1, 0), (1, 1), (0, 0), (0, 9), (0, 10), (0, 11)]
+    # Its earlier range read first: nothing waits beyond its own task.
+    tasks = [[OffsetRange("t", 0, 0, 10, range_id=3)], [OffsetRange("t", 0, 10, 20, range_id=4)],
+             [OffsetRange("t", 0, 20, 30, range_id=6)]]
+    arriving = [_rows((3, 0, 0)), _rows((4, 0, 10)), _rows(), _rows((6, 0, 29))]
+    assert _order(in_input_order(iter(arriving), tasks)) == [(0, 0), (0, 10), (0, 29)]

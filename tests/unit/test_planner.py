@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_batch.errors import DataLossError, InputError, StateError
+from kafka_batch.kafka import ranges as ranges_module
 from kafka_batch.kafka.ranges import (
     OffsetRange,
     PartitionState,
@@ -117,7 +118,13 @@ def test_retention_is_checked_again_before_reading():
 
 def _check_packing(pieces, tasks, max_records_per_task):
     flat = [p for t in tasks for p in t]
-    assert sorted(flat, key=str) == sorted(pieces, key=str)  # every piece exactly once
+    assert sorted(p.span for p in flat) == sorted(p.span for p in pieces)  # the pieces' cuts kept
+    for range_id in {p.range_id for p in pieces}:
+        read = [(p.from_offset, p.until_offset) for p in flat if p.range_id == range_id]  # in task order
+        ends = sorted((p.from_offset, p.until_offset) for p in pieces if p.range_id == range_id)
+        assert read == sorted(read), "a range's pieces rise with the task index"
+        assert [lo for lo, _ in read[1:]] == [hi for _, hi in read[:-1]]  # contiguous
+        assert (read[0][0], read[-1][1]) == (ends[0][0], ends[-1][1])  # over the range's offsets
     for t in tasks:
         assert len({(p.topic, p.partition) for p in t}) == len(t)  # one consumer reads a partition once
         assert len(t) == 1 or sum(p.span for p in t) <= max_records_per_task
@@ -143,6 +150,20 @@ def test_big_ranges_keep_their_cuts_and_pieces_of_one_partition_never_share_a_co
     assert len(tasks) == 3  # the small ranges join the big pieces' tasks only within the limit
     tasks = pack_tasks(split_for_tasks([OffsetRange("t", 0, 0, 40, range_id=1)], 10), 100, slots=1)
     assert len(tasks) == 4  # pieces of one partition: a consumer cannot hold two, whatever the room
+
+
+def test_a_ranges_pieces_rise_with_the_task_index_whatever_the_packing(monkeypatch):
+    # Packed biggest first, some range's pieces land in falling task order; re-cut, task order is offset
+    # order within every range, and every task keeps its load.
+    ranges = [OffsetRange("t", p, 0, span, range_id=p) for p, span in enumerate((20, 13, 30, 5, 9))]
+    pieces = split_for_tasks(ranges, 7, min_tasks=1)
+    tasks = pack_tasks(pieces, 14, slots=3)
+    _check_packing(pieces, tasks, 14)
+    monkeypatch.setattr(ranges_module, "_in_task_order", lambda tasks: tasks)
+    as_packed = pack_tasks(pieces, 14, slots=3)
+    assert [sum(p.span for p in t) for t in tasks] == [sum(p.span for p in t) for t in as_packed]
+    with pytest.raises(AssertionError, match="rise with the task index"):
+        _check_packing(pieces, as_packed, 14)  # the packing alone does not keep the order
 
 
 def test_fewer_pieces_than_slots_give_one_task_each():

@@ -14,10 +14,11 @@ has the argument.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -109,6 +110,7 @@ class Publisher:
             "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
         self._group = _publish_group(self._config, self.transactional_id)
+        self._open = False  # a transaction begun and neither committed nor aborted
 
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
@@ -132,28 +134,54 @@ class Publisher:
     def publish(self, messages: Iterable[Message], identity: Published) -> int:
         """Produce the messages and commit them with the batch's identity, in one transaction; returns how
         many were produced. A newer attempt fences this one: FencedAttempt, nothing of it is visible."""
+        produced = self.produce(messages, identity)
+        self.commit(identity)
+        return produced
+
+    def produce(self, messages: Iterable[Message], identity: Published) -> int:
+        """Produce messages in the attempt's transaction (begun by the first call): nobody reading
+        `read_committed` sees them before `commit`, nor ever if the attempt ends without it."""
         produced = 0
         produce, topic = self._producer.produce, self.topic  # bound once: a batch produces millions
-        try:
-            self._producer.begin_transaction()
+        with self._failing(identity):
+            self._begin()
             for key, value, headers in messages:
                 try:
                     produce(topic, value, key, headers=headers)
                 except BufferError:  # the local queue is full: let librdkafka send some first
                     self._produce_when_queued(topic, key, value, headers)
                 produced += 1
-            offsets = [TopicPartition(topic, IDENTITY_PARTITION, identity.batch_id, metadata=identity.metadata())]
+        return produced
+
+    def commit(self, identity: Published) -> None:
+        """Commit what the transaction holds, with the batch's identity in the publish group."""
+        with self._failing(identity):
+            self._begin()
+            offsets = [TopicPartition(self.topic, IDENTITY_PARTITION, identity.batch_id, metadata=identity.metadata())]
             self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), self._timeout)
             self._producer.commit_transaction(self._timeout)
+            self._open = False
+
+    def _begin(self) -> None:
+        if not self._open:
+            self._producer.begin_transaction()
+            self._open = True
+
+    @contextlib.contextmanager
+    def _failing(self, identity: Published) -> Iterator[None]:
+        """The broker's refusals as the project's errors, the transaction aborted where it can be."""
+        try:
+            yield
         except KafkaException as exc:
             error = exc.args[0]
             if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                self._open = False  # the fence ended it: nothing to abort
                 raise FencedAttempt(f"batch {identity.batch_id}: attempt {identity.attempt} was fenced by a newer"
                                     f" producer of {self.transactional_id}; it published nothing") from None
             if error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
                 raise InputError(f"output topic {self.topic!r} does not exist; nothing was published") from None
             if error.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
-                self._abort_quietly()
+                self.abort()
                 raise InputError(f"topic {self.topic!r} refused a message as too large ({error.str()}); set"
                                  " sinks.kafka.max_message_bytes at most to the topic's max.message.bytes (larger"
                                  " records are then quarantined); nothing was published") from None
@@ -161,9 +189,8 @@ class Publisher:
                                 KafkaError.GROUP_AUTHORIZATION_FAILED):
                 raise InputError(f"not authorized to publish to {self.topic!r} as {self.transactional_id}:"
                                  f" {error.str()}; nothing was published") from None
-            self._abort_quietly()
+            self.abort()
             raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc) from None
-        return produced
 
     def _produce_when_queued(self, topic: str, key, value, headers) -> None:
         while True:
@@ -174,13 +201,19 @@ class Publisher:
             except BufferError:
                 continue
 
-    def _abort_quietly(self) -> None:
+    def abort(self) -> None:
+        """End an open transaction unpublished, where the broker still lets this producer."""
+        if not self._open:
+            return
+        self._open = False
         try:
             self._producer.abort_transaction(self._timeout)
         except KafkaException:
             pass  # fenced or fatal: the next attempt's init_transactions ends it
 
     def close(self) -> None:
+        """Abort what was not committed, and let go of the publish group."""
+        self.abort()
         self._group.close()
 
 

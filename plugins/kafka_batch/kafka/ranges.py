@@ -196,7 +196,9 @@ def pack_tasks(pieces: list[OffsetRange], max_records_per_task: int, slots: int 
     A task holds at most one piece per partition and at most `max_records_per_task` offsets (a
     bigger piece stays alone, its cuts unchanged). There are at least `slots` tasks (the cores that
     would otherwise idle) when there are that many pieces; each piece goes, biggest first, to the
-    least loaded task it fits, so many small ranges cost a few tasks instead of one each.
+    least loaded task it fits, so many small ranges cost a few tasks instead of one each. The pieces of
+    a range then rise with the task index (`_in_task_order`), so a result streamed in task order comes
+    in offset order within each range.
     """
     if max_records_per_task < 1 or slots < 1:
         raise ValueError("max_records_per_task and slots must be >= 1")
@@ -227,4 +229,24 @@ def pack_tasks(pieces: list[OffsetRange], max_records_per_task: int, slots: int 
         partitions[i].add(where)
         for item in [*skipped, (load + piece.span, i)]:
             heapq.heappush(heap, item)
-    return [sorted(t, key=lambda p: (p.topic, p.partition, p.from_offset)) for t in tasks if t]
+    return _in_task_order([sorted(t, key=lambda p: (p.topic, p.partition, p.from_offset)) for t in tasks if t])
+
+
+def _in_task_order(tasks: list[list[OffsetRange]]) -> list[list[OffsetRange]]:
+    """Re-cut each range's pieces so their offsets rise with the task index, every piece keeping its
+    span (so each task its load): the tasks that hold pieces of a range, in order, take its offsets in
+    order."""
+    held: dict[tuple, list[tuple[int, int]]] = {}  # a range -> (task, position in it) of each of its pieces
+    for i, task in enumerate(tasks):
+        for j, piece in enumerate(task):
+            held.setdefault((piece.topic, piece.partition, piece.range_id), []).append((i, j))
+    for places in held.values():
+        pieces = [tasks[i][j] for i, j in places]
+        start = min(p.from_offset for p in pieces)
+        if len(pieces) == 1 or max(p.until_offset for p in pieces) - start != sum(p.span for p in pieces):
+            continue  # one piece, or not one contiguous range (ranges without ids): nothing to re-cut
+        for i, j in places:  # enumerated in task order
+            span = tasks[i][j].span
+            tasks[i][j] = replace(tasks[i][j], from_offset=start, until_offset=start + span)
+            start += span
+    return tasks

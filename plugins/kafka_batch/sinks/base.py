@@ -12,9 +12,11 @@ Adding a sink: one module with a `Sink` subclass (its fields are its settings, t
 
 from __future__ import annotations
 
+import collections
 import io
+import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -82,6 +84,98 @@ def collect_arrow(frame) -> pa.Table:
                                       timezone="UTC"))
 
 
+def stream_arrow(frame) -> Iterator[pa.Table]:
+    """A result at the driver in pieces, in the order of its Spark partitions, as they arrive: under Spark
+    Connect the server sends each partition's Arrow batches in turn while it computes the next ones, so the
+    driver holds one piece at a time. Classic pyspark hands its Arrow batches over in the order they finish
+    (`collectAsArrowToPython`), so there the result comes whole, as `collect_arrow` gives it."""
+    if getattr(frame, "_to_table", None) is None:  # classic pyspark
+        yield collect_arrow(frame)
+        return
+    client = frame._session.client
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = None
+    for piece in client.to_table_as_iterator(frame._plan.to_proto(client), frame._plan.observations):
+        if not isinstance(piece, pa.Table):  # the schema comes first
+            target = to_arrow_schema(piece, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+            continue
+        yield piece if target is None else piece.cast(target)
+
+
+def stream_waves(frames: Iterable[DataFrame], ahead: int = 1, held: int = 1) -> Iterator[pa.Table]:
+    """The results of several frames (a batch's waves), one after the other, each in pieces as
+    `stream_arrow` gives them. Under Spark Connect the next `ahead` frames' queries run while this one's
+    pieces are taken (a thread each starts its query and takes `held` pieces ahead; the server computes
+    the rest meanwhile and keeps them), so the server never waits for the driver and holds a few waves'
+    results, never the batch's."""
+    frames = iter(frames)
+    first, second = next(frames, None), next(frames, None)
+    if second is None or getattr(first, "_to_table", None) is None:  # one wave; or classic pyspark, in turn
+        for frame in itertools.chain((f for f in (first, second) if f is not None), frames):
+            yield from stream_arrow(frame)
+        return
+    frames = itertools.chain([first, second], frames)
+    running = collections.deque(_ReadAhead(frame, held) for frame in itertools.islice(frames, ahead + 1))
+    try:
+        while running:
+            yield from running[0]
+            running.popleft()
+            running.extend(_ReadAhead(frame, held) for frame in itertools.islice(frames, 1))
+    finally:
+        for reader in running:
+            reader.stop()
+
+
+class _ReadAhead:
+    """One frame's pieces, read by a thread into a bounded queue, under the caller's Spark tags (a batch's
+    tag lets the fence watch interrupt it)."""
+
+    _END = object()
+
+    def __init__(self, frame, held: int):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue(held)
+        self._stopped = threading.Event()
+        tags = frame._session.getTags()
+        self._thread = threading.Thread(target=self._read, args=(frame, tags), daemon=True, name="read ahead")
+        self._thread.start()
+
+    def _read(self, frame, tags) -> None:
+        for tag in tags:
+            frame._session.addTag(tag)
+        try:
+            for piece in stream_arrow(frame):
+                self._put(piece)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, who raises it
+            self._put(exc)
+        self._put(self._END)
+
+    def _put(self, item) -> None:
+        import queue
+
+        while not self._stopped.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        while (item := self._queue.get()) is not self._END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def stop(self) -> None:
+        """No one takes its pieces any more: the thread stops at its next one (a failed batch's query is
+        interrupted by its tag)."""
+        self._stopped.set()
+
+
 def range_counts(result: pa.Table) -> dict[int, RangeCounts]:
     """Per range: records, tombstones and invalid records, from rows that carry those counts and `range_id`."""
     totals = sums_by_range(result, ("records", "tombstones", "invalid"))
@@ -121,6 +215,15 @@ class StageContext:
     batch_id: int
     attempt: int
     postgres: dict = field(repr=False)
+    tasks: Sequence[Sequence[OffsetRange]] = ()
+    """The read's tasks, in the order of its Spark partitions (a streamed result arrives in it)."""
+    publication: Any = None
+    """A publishing sink's publication, opened before the read (kafka_batch.sinks.kafka.Publication)."""
+    waves: Callable[[], Iterator[DataFrame]] | None = None
+    """The records again, a task at a time in task order, for a result as big as the batch (see
+    `stream_waves`); None: the records as `compute` gets them, whole."""
+    cores: int = 1
+    """How many of `waves` Spark runs at once."""
 
 
 class ColumnSpec(Model):
@@ -330,12 +433,19 @@ class Sink(Model, ABC):
         """Store in kafka_batch.replay_previews how replacing `replaced` by `result` would change the
         output (per key: before and after); change nothing else. Returns how many keys would change."""
 
+    def open(self, batch, attempt: int, kafka_config: dict, pending: dict[int, str],
+             registry_config: dict | None = None) -> Any:
+        """Before the read, for a sink that `publishes` what Spark computes: the attempt's publication, which
+        `compute` sends to as results arrive (StageContext.publication) and `publish` completes; None if it
+        publishes in the commit only (the arguments as `publish`'s)."""
+        return None
+
     def publish(self, cur, result: Any, batch, attempt: int, kafka_config: dict, pending: dict[int, str],
                 registry_config: dict | None = None) -> int:
-        """Last in the commit transaction, for a sink that `publishes`: send the batch's output, exactly
-        once across attempts (`pending`: the pipeline's other batches that may still commit, which
-        kafka_publish.decide needs; `registry_config`: for a sink that `uses_registry`); returns the
-        messages it sent."""
+        """Last in the commit transaction, for a sink that `publishes`: send the batch's output, or complete
+        what `open` began, exactly once across attempts (`pending`: the pipeline's other batches that may
+        still commit, which kafka_publish.decide needs; `registry_config`: for a sink that `uses_registry`);
+        returns the messages it sent."""
         raise NotImplementedError(f"the {self.kind} sink does not publish")
 
     def discard(self, cur, batch_id: int, attempt: int | None) -> None:  # noqa: B027 - optional hook

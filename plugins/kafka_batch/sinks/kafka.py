@@ -2,12 +2,13 @@
 
 Two shapes. `rows`: one message per visible input record, in the input's order, its key and JSON value
 from expressions, with headers naming the pipeline, the batch, its kind, the source record and its
-range; Spark computes the messages. `changelog_of: <table>` (an aggregate's or upsert's table): one
-message per key whose row changed, keyed by the table's primary key, its value the new row (or a
-tombstone), so a compacted topic converges to the table; Postgres captures the keys
-(kafka_batch.sinks.changelog). Either way the commit transaction publishes last, through
-kafka_batch.kafka.publish (one Kafka transaction with the batch's identity), so a crash at any point
-neither loses nor repeats a batch; docs/design.md has the argument.
+range; Spark computes the messages, and they are produced as they reach the driver (a `Publication`,
+opened before the read). `changelog_of: <table>` (an aggregate's or upsert's table): one message per
+key whose row changed, keyed by the table's primary key, its value the new row (or a tombstone), so a
+compacted topic converges to the table; Postgres captures the keys (kafka_batch.sinks.changelog), and
+the commit produces them. Either way one Kafka transaction with the batch's identity
+(kafka_batch.kafka.publish) commits last in the commit transaction, so a crash at any point neither
+loses nor repeats a batch; docs/design.md has the argument.
 
 A published message cannot be taken back. For `rows`, `remove` (a replay's or a rewind's) changes
 nothing in the topic: a replay publishes its records again, marked `kafka_batch.kind: replay`; after a
@@ -19,12 +20,12 @@ table, and every key it changed is published with its corrected row.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import model_validator
 
-from kafka_batch.errors import InputError
+from kafka_batch.errors import InputError, StateError
 from kafka_batch.kafka.publish import Decision, Message, Published, Publisher, decide
 from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.model import Expression, Identifier, PositiveInt, TopicName
@@ -35,11 +36,13 @@ if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
     import pyarrow as pa
 
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
+HEADERS = ("pipeline", "batch", "kind", "source", "range")  # the lineage headers a message may carry
 PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
 # The rows shape's result, as its publish reads it: per message its range, source record, key and value.
 PUBLISHED = ("range_id", "_source", "_key", "_value")
-# Messages turned into Python objects at a time: a publish holds the Arrow result (about 100 MB a million
-# messages), not a Python object per field of every message (another 250 MB a million).
+# Messages turned into Python objects at a time: a publish holds a piece of the result as Arrow (the whole
+# result under spark-submit: about 100 MB a million messages), not a Python object per field of every
+# message (another 250 MB a million).
 CHUNK_ROWS = 65_536
 
 
@@ -68,10 +71,17 @@ class KafkaSink(Sink):
     """Shape rows: a record whose message (key and value, plus 512 bytes for the headers) would be larger
     is invalid, quarantined with its reason (so no sink processes it), instead of failing every attempt at
     the broker. At most the topic's `max.message.bytes` (Kafka's default: 1,048,588)."""
+    headers: list[Literal[HEADERS]] = list(HEADERS)  # type: ignore[valid-type]
+    """The lineage headers each message carries, as `kafka_batch.<name>`: `pipeline`; `batch`, its id;
+    `kind`, `batch` or `replay`; and in shape rows `source`, its record (`topic:partition:offset`), and
+    `range`, the record's range (`topic:partition:from-until`). `[]` sends none: the fastest (headers cost
+    a producer about as much as the rest of a small message), and exactly once all the same (the batch's
+    identity is in the publish group), but a consumer can then neither trace a message to its record nor
+    tell a replay's messages from the first ones."""
     transaction_timeout_seconds: PositiveInt = 900
     """The producer's `transaction.timeout.ms`, in seconds: how long an open transaction of a killed
     attempt can hold `read_committed` readers back, at most (`kafka-batch fence` ends it sooner). It must
-    outlast a batch's publish: a definition where it is shorter than `limits.max_records_per_batch`
+    outlast a batch's read and publish: a definition where it is shorter than `limits.max_records_per_batch`
     messages at 50,000 a second plus three `read.kafka_timeout_seconds` is refused. At most the broker's
     `transaction.max.timeout.ms` (default 900)."""
 
@@ -141,49 +151,88 @@ class KafkaSink(Sink):
         if self.changelog_of is not None:
             changelog.install(cur, pipeline_name, self.changelog_of)
 
+    def open(self, batch, attempt: int, kafka_config: dict, pending: dict[int, str],
+             registry_config: dict | None = None) -> Publication | None:
+        """The rows shape's publish, opened before the read so that its messages go out while Spark
+        computes them: every older producer of the topic fenced, and the decision taken (`decide`: it
+        holds until the commit, since only a newer producer, which fences this one, could change it).
+        `pending`: the batches Postgres may still commit. A changelog publishes in the commit: None."""
+        if self.changelog_of is not None:
+            return None
+        publisher = self._publisher(kafka_config, batch)
+        try:
+            publisher.fence()
+            found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
+            if decide(batch.id, found, pending) is Decision.COMPLETE:
+                publisher.close()
+                return Publication(None, batch, attempt)
+            encode = self._encoder([(c.name, c.type) for c in self.value], registry_config)
+        except BaseException:
+            publisher.close()
+            raise
+        return Publication(publisher, batch, attempt, encode, self.headers)
+
     def compute(self, records, stage: StageContext) -> SinkOutput:
         """Rows: one Spark pass, per record its key and JSON value (null for tombstones and invalid
-        records, which are counted, never published), then to the driver, kept in the input's order. A
-        changelog computes nothing: its messages come from the table, in the commit."""
+        records, which are counted, never published), streamed to the driver in the input's order and
+        handed, piece by piece, to the attempt's open publication (`stage.publication`), a task at a time
+        (`stage.waves`): the driver holds a few pieces, Spark a few tasks' (see base.stream_waves).
+        A changelog computes nothing: its messages come from the table, in the commit."""
         if self.changelog_of is not None:
             return SinkOutput(None, None)
         from pyspark.sql import functions as F
 
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
-        table = base.collect_arrow(records.select(
-            "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
-            F.when(valid, self._key()).alias("_key"),
-            F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
-            F.concat_ws(":", "topic", "partition", "offset").alias("_source"),
-        ))
-        return SinkOutput(_counts(table), _published_in_order(table))
 
-    def apply(self, cur, result: pa.Table) -> int:
+        def messages(frame):
+            return frame.select(
+                "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
+                F.when(valid, self._key()).alias("_key"),
+                F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
+                (F.concat_ws(":", "topic", "partition", "offset") if "source" in self.headers
+                 else F.lit(None).cast("string")).alias("_source"),
+            )
+
+        waves = [records] if stage.waves is None else stage.waves()
+        counts: dict[int, RangeCounts] = {}
+        for piece in in_input_order(base.stream_waves(map(messages, waves), stage.cores), stage.tasks):
+            for range_id, more in _counts(piece).items():
+                counts[range_id] = _sum(counts.get(range_id, RangeCounts()), more)
+            if stage.publication is not None:
+                stage.publication.send(_published(piece))
+        return SinkOutput(counts, stage.publication)
+
+    def apply(self, cur, result) -> int:
         """Nothing in Postgres: the messages go out in `publish`, last in the commit."""
         return 0
 
-    def publish(self, cur, result: pa.Table | None, batch, attempt: int, kafka_config: dict,
+    def publish(self, cur, result: Publication | None, batch, attempt: int, kafka_config: dict,
                 pending: dict[int, str], registry_config: dict | None = None) -> int:
-        """A changelog's outbox is emptied only by a publish: an attempt that completes a batch an earlier
+        """Rows: commit the attempt's publication (its messages were produced while Spark computed them).
+        A changelog's outbox is emptied only by a publish: an attempt that completes a batch an earlier
         attempt published leaves it, and the next batch sends those keys' rows again (the same rows, which
         a compacted topic absorbs), rather than losing a change committed since (an operator's edit)."""
-        publisher = Publisher(kafka_config, batch.pipeline, self.topic,
-                              transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
-                              message_max_bytes=self.max_message_bytes + HEADER_BYTES)
+        if self.changelog_of is None:
+            if result is None:
+                raise StateError(f"batch {batch.id}: the Kafka sink's publication was not opened before the read")
+            return result.commit()
+        publisher = self._publisher(kafka_config, batch)
         try:
             publisher.fence()
             found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
             if decide(batch.id, found, pending) is Decision.COMPLETE:
                 return 0
-            if self.changelog_of is not None:
-                columns = changelog.columns(cur, self.changelog_of)
-                messages = _changes(changelog.take(cur, self.changelog_of), batch, self._encoder(columns, registry_config))
-            else:
-                columns = [(c.name, c.type) for c in self.value]
-                messages = _messages(result, batch, self._encoder(columns, registry_config))
+            columns = changelog.columns(cur, self.changelog_of)
+            messages = _changes(changelog.take(cur, self.changelog_of), batch, self._encoder(columns, registry_config),
+                                self.headers)
             return publisher.publish(messages, Published(batch.id, attempt, batch.kind))
         finally:
             publisher.close()
+
+    def _publisher(self, kafka_config: dict, batch) -> Publisher:
+        return Publisher(kafka_config, batch.pipeline, self.topic,
+                         transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
+                         message_max_bytes=self.max_message_bytes + HEADER_BYTES)
 
     def _encoder(self, columns: list[tuple[str, str]], registry_config: dict | None):
         """A value's bytes from its row: Avro or Protobuf through the registry; JSON (a changelog's rows are dicts; the
@@ -205,6 +254,87 @@ class KafkaSink(Sink):
         return 0
 
 
+class Publication:
+    """One attempt's publish of the rows shape, open from the read to the commit: its messages go into
+    the attempt's Kafka transaction as Spark computes them, and the commit completes it, last. Without
+    a publisher, an earlier attempt published the batch already: nothing is sent."""
+
+    def __init__(self, publisher: Publisher | None, batch, attempt: int, encode=None, headers: Sequence[str] = HEADERS):
+        self._publisher, self._batch, self._encode, self._headers = publisher, batch, encode, headers
+        self._identity = Published(batch.id, attempt, batch.kind)
+        self.produced = 0
+
+    def send(self, table: pa.Table) -> None:
+        if self._publisher is not None:
+            messages = _messages(table, self._batch, self._encode, self._headers)
+            self.produced += self._publisher.produce(messages, self._identity)
+
+    def commit(self) -> int:
+        """Commit the messages sent, with the batch's identity; how many they were."""
+        if self._publisher is not None:
+            self._publisher.commit(self._identity)
+        return self.produced
+
+    def close(self) -> None:
+        """Abort what was not committed (a failed attempt's messages are never visible)."""
+        if self._publisher is not None:
+            self._publisher.close()
+
+
+def in_input_order(pieces: Iterable[pa.Table], tasks: Sequence[Sequence[OffsetRange]]) -> Iterator[pa.Table]:
+    """A read's rows as they arrive in task order (Spark's partition order), each partition's in offset
+    order. Within a range the tasks keep that order (ranges.pack_tasks); a partition with several ranges
+    (a replay of several batches) has its later ranges' rows held until the earlier ranges are complete,
+    that is until a later task than any that reads them arrives."""
+    first: dict[int, tuple[int, str, int]] = {}  # range id -> its first offset and its partition
+    last_task: dict[int, int] = {}  # range id -> the last task that reads a piece of it
+    starts: dict[int, list[tuple[int, int]]] = {}  # range id -> (from offset, task) of its pieces
+    for task, pieces_of_task in enumerate(tasks):
+        for piece in pieces_of_task:
+            begin = min(piece.from_offset, first.get(piece.range_id, (piece.from_offset,))[0])
+            first[piece.range_id] = (begin, piece.topic, piece.partition)
+            last_task[piece.range_id] = task
+            starts.setdefault(piece.range_id, []).append((piece.from_offset, task))
+    queues: dict[tuple[str, int], list[int]] = {}  # partition -> its ranges in offset order, the first not complete
+    for range_id in sorted(first, key=first.get):
+        queues.setdefault(first[range_id][1:], []).append(range_id)
+    queues = {where: queue for where, queue in queues.items() if len(queue) > 1}
+    if not queues:  # one range per partition: the order of arrival is the order
+        yield from pieces
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    held: dict[int, list[pa.Table]] = {}
+
+    def release(done_before: int) -> Iterator[pa.Table]:
+        """Advance each partition past its complete ranges; the new first range's held rows go out."""
+        for queue in queues.values():
+            while len(queue) > 1 and last_task[queue[0]] < done_before:
+                queue.pop(0)
+                yield from held.pop(queue[0], [])
+
+    for piece in pieces:
+        if piece.num_rows == 0:
+            continue
+        range_id, offset = piece["range_id"][0].as_py(), piece["offset"][0].as_py()  # a piece comes from one task
+        task = max(t for start, t in starts[range_id] if start <= offset)
+        yield from release(task)
+        waiting = [range_id for queue in queues.values() for range_id in queue[1:]]
+        later = pc.is_in(piece["range_id"], value_set=pa.array(waiting, piece["range_id"].type))
+        if not pc.any(later).as_py():
+            yield piece
+            continue
+        yield piece.filter(pc.invert(later))
+        for waiting_id in waiting:
+            rows = piece.filter(pc.equal(piece["range_id"], waiting_id))
+            if rows.num_rows:
+                held.setdefault(waiting_id, []).append(rows)
+    for queue in queues.values():
+        for range_id in queue:
+            yield from held.pop(range_id, [])
+
+
 def _counts(table: pa.Table) -> dict[int, RangeCounts]:
     """Per range, from each message's flags (base.range_counts sums them)."""
     import pyarrow as pa
@@ -217,19 +347,20 @@ def _counts(table: pa.Table) -> dict[int, RangeCounts]:
     }))
 
 
-def _published_in_order(table: pa.Table) -> pa.Table:
-    """The messages to publish (neither tombstones nor invalid records), in the input's order, with the
-    columns the publish reads: one copy of the result (a sort and then a filter would make two)."""
+def _sum(a: RangeCounts, b: RangeCounts) -> RangeCounts:
+    return RangeCounts(a.records + b.records, a.tombstones + b.tombstones, a.invalid + b.invalid)
+
+
+def _published(table: pa.Table) -> pa.Table:
+    """The messages to publish, in their order: neither tombstones nor invalid records."""
     import pyarrow.compute as pc
-    kept = pc.indices_nonzero(pc.invert(pc.or_(table["_tombstone"], table["_invalid"])))
-    positions = table.select(["topic", "partition", "offset"]).take(kept)
-    order = pc.sort_indices(positions, [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
-    return table.select(list(PUBLISHED)).take(kept.take(order))
+    return table.filter(pc.invert(pc.or_(table["_tombstone"], table["_invalid"]))).select(list(PUBLISHED))
 
 
-def _batch_headers(batch) -> list[tuple[str, str]]:
-    return [("kafka_batch.pipeline", batch.pipeline), ("kafka_batch.batch", str(batch.id)),
-            ("kafka_batch.kind", batch.kind)]
+def _batch_headers(batch, wanted: Sequence[str]) -> list[tuple[str, str]]:
+    """The headers every message of the batch carries, of those `wanted`."""
+    return [(f"kafka_batch.{name}", value) for name, value in (
+        ("pipeline", batch.pipeline), ("batch", str(batch.id)), ("kind", batch.kind)) if name in wanted]
 
 
 def _json(row: dict | None) -> str | None:
@@ -237,21 +368,25 @@ def _json(row: dict | None) -> str | None:
     return None if row is None else json.dumps(row, separators=(",", ":"), default=lambda v: v.isoformat())
 
 
-def _changes(changes: list[tuple[str, dict | None]], batch, encode) -> Iterator[Message]:
+def _changes(changes: list[tuple[str, dict | None]], batch, encode, wanted: Sequence[str]) -> Iterator[Message]:
     """A changelog's messages: per changed key its row (None: a tombstone), headed by the batch."""
-    headers = _batch_headers(batch)
+    headers = _batch_headers(batch, wanted) or None
     for key, row in changes:
         yield Message(key, encode(row), headers)
 
 
-def _messages(table: pa.Table, batch, encode=None) -> Iterator[Message]:
-    """The messages with their headers: pipeline, batch, kind, the source record and its range."""
-    fixed = _batch_headers(batch)
-    ranges = {r.range_id: ("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")
-              for r in batch.ranges}
+def _messages(table: pa.Table, batch, encode=None, wanted: Sequence[str] = HEADERS) -> Iterator[Message]:
+    """The messages with the headers `wanted`: pipeline, batch, kind, the source record and its range."""
+    fixed = _batch_headers(batch, wanted)
+    ranges = {r.range_id: [("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")]
+              if "range" in wanted else [] for r in batch.ranges}
+    sources = "source" in wanted
     for chunk in table.to_batches(max_chunksize=CHUNK_ROWS):
         columns = [chunk.column(name).to_pylist() for name in PUBLISHED]
         if encode is not None:
             columns[3] = [encode(row) for row in columns[3]]
         for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
-            yield Message(key, value, [*fixed, ("kafka_batch.source", source), ranges[range_id]])
+            if sources:
+                yield Message(key, value, [*fixed, ("kafka_batch.source", source), *ranges[range_id]])
+            else:
+                yield Message(key, value, [*fixed, *ranges[range_id]] or None)

@@ -225,11 +225,14 @@ def run_batch(
     timings.mark("batch_loaded")
     log.info("batch %s attempt %s: %d ranges, %d offsets (definition %s)", batch_id, attempt, len(batch.ranges),
              batch.span, batch.definition_hash[:12])
+    publication = None
     try:
         decoder = _decoder(pipeline, registry_config)
+        if mode == "commit":
+            publication = _open_publication(postgres, pipeline, batch, attempt, publish, registry)
         reading = time.monotonic()
         outputs, read_tasks, quarantined, schema_ids = _compute(spark, pipeline, postgres, kafka, decoder, batch,
-                                                                attempt)
+                                                                attempt, publication)
         read_seconds = time.monotonic() - reading
         # A fresh connection for the commit: one left idle through the Spark run may have been dropped.
         timings.mark("commit_start")
@@ -247,14 +250,35 @@ def run_batch(
     except Exception as exc:
         _record_failure(postgres, pipeline, batch_id, attempt, exc)
         raise
+    finally:
+        if publication is not None:
+            publication.close()  # what the commit did not complete is aborted, never visible
     log.info("batch %s committed: %d records, %d rows written, %d quarantined", batch_id, result.records,
              result.rows_written, 0 if quarantined is None else quarantined.num_rows)
     _discard_staging(postgres, pipeline, batch_id, None)  # committed: no attempt of it can commit any more
     return result
 
 
-def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, batch: batches.Batch, attempt: int):
-    """Read the batch's ranges once and let every sink compute its result from the parsed records."""
+def _open_publication(postgres: dict, pipeline: Pipeline, batch: batches.Batch, attempt: int, publish: dict | None,
+                      registry: dict | None):
+    """The publication of the pipeline's sink that publishes what Spark computes (the Kafka sink's rows
+    shape), opened before the read; None if there is none."""
+    if not pipeline.publishing_sinks:
+        return None
+    conn = database.connect(postgres)
+    try:
+        with database.transaction(conn) as cur:
+            pending = batches.may_commit(cur, pipeline.name)
+    finally:
+        conn.close()
+    opened = [p for sink in pipeline.publishing_sinks if (p := sink.open(batch, attempt, publish, pending, registry))]
+    return opened[0] if opened else None
+
+
+def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, batch: batches.Batch, attempt: int,
+             publication=None):
+    """Read the batch's ranges once and let every sink compute its result from the parsed records (a
+    publishing sink sends its messages to `publication` as they arrive)."""
     conn = database.connect(postgres)
     try:
         cluster = KafkaOffsets(kafka)
@@ -270,14 +294,32 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
-    read = read_ranges(spark, kafka, tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder,
-                       _values(pipeline, decoder))
-    read, schemas = _observe_schema_ids(read, pipeline)
-    records = parse_records(read, pipeline)
+    observations = []
+
+    def read_records(some_tasks):
+        read, observation = _observe_schema_ids(read_ranges(
+            spark, kafka, some_tasks, pipeline.read, _columns(pipeline), progress.accumulators, decoder,
+            _values(pipeline, decoder)), pipeline)
+        observations.append(observation)
+        return parse_records(read, pipeline)
+
+    records = read_records(tasks)
     shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
     if shared:
         records = records.persist()  # every sink computes from one read of the topic
-    stage = StageContext(batch.id, attempt, postgres)
+
+    def waves():
+        """The records again, one read task at a time, for a sink that streams a result as big as the
+        batch (when it reads the records alone: a persisted read, beside other sinks, is held by Spark
+        whole anyway): Spark keeps a few tasks' results for the driver, whatever the batch's size."""
+        if shared or len(tasks) <= _parallelism(spark):
+            yield records
+            return
+        observations.pop(0)  # the whole batch's read, which no action runs then
+        for task in tasks:
+            yield read_records([task])
+
+    stage = StageContext(batch.id, attempt, postgres, tasks, publication, waves, _parallelism(spark))
     spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
     with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
           _Progress(batch.id, progress)):
@@ -289,8 +331,8 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             timings.mark("computed")
             counts = next(o.counts for o in outputs.values() if o.counts is not None)
             quarantined = _quarantine(spark, kafka, decoder, tasks, pipeline, batch, counts)
-            schema_ids = _schema_ids(schemas, counts, lambda: read_ranges(spark, kafka, tasks, pipeline.read,
-                                                                          _columns(pipeline), None, decoder))
+            schema_ids = _schema_ids(observations, counts, lambda: read_ranges(spark, kafka, tasks, pipeline.read,
+                                                                               _columns(pipeline), None, decoder))
         except Exception as exc:
             if watch.fenced_by is not None:
                 raise FencedAttempt(
@@ -325,13 +367,14 @@ def _observe_schema_ids(read, pipeline: Pipeline):
     return read.observe(observation, pairs.alias("pairs")), observation
 
 
-def _schema_ids(observation, counts: dict, read_again: Callable) -> dict[int, list[int]]:
-    """Per range, the ids of the schemas that wrote its values. Spark Connect can answer an action
-    without its observed metrics (seen under load): a range with decoded records and no id was then
-    not observed, and one more read of the ranges finds its ids."""
-    if observation is None:
+def _schema_ids(observations: list, counts: dict, read_again: Callable) -> dict[int, list[int]]:
+    """Per range, the ids of the schemas that wrote its values, from the observations of the reads that
+    ran (the batch's, or its waves'). Spark Connect can answer an action without its observed metrics
+    (seen under load): a range with decoded records and no id was then not observed, and one more read
+    of the ranges finds its ids."""
+    if not any(observations):
         return {}
-    pairs = observation.get.get("pairs") or ()
+    pairs = [pair for observation in observations for pair in observation.get.get("pairs") or ()]
     observed = {pair["range_id"] for pair in pairs}
     if any(c.records and range_id not in observed for range_id, c in counts.items()):
         log.warning("the read's schema ids were not observed; reading the ranges again for them")
