@@ -226,6 +226,16 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
 
             row.locator("a.pipeline-link").click()
             frame.locator("body[data-loaded^='#pipeline=']").wait_for()
+            # Per topic first: its partitions, its lag and the partitions most behind, by lag.
+            lags = {partition: ends[partition] - position for (_, partition), position in stored.items()}
+            [topic_name] = {t for t, _ in stored}
+            totals = frame.locator(f"#topics tr[data-topic='{topic_name}']")
+            assert _number(totals.locator("td.partitions").inner_text()) == len(stored)
+            assert _number(totals.locator("td.lag").inner_text()) == sum(lags.values())
+            most = sorted((p for p in lags if lags[p]), key=lambda p: -lags[p])
+            assert totals.locator("td.worst").inner_text() == (
+                ", ".join(f"{p} ({lags[p]:,})" for p in most) or "–")
+            assert frame.locator("#partitions-section").get_attribute("open") is not None  # two: listed at once
             for (t, partition), position in stored.items():
                 cells = frame.locator(f"#partitions tr[data-topic='{t}'][data-partition='{partition}']")
                 shown = {name: _number(cells.locator(f"td.{name}").inner_text())

@@ -547,3 +547,48 @@ def test_the_replay_horizon_is_validated(services):
         with pytest.raises(InputError, match=named):
             parse_pipeline({**definition, "replayable": bad})
     assert str(parse_pipeline({**definition, "replayable": {"days": 30}}).replayable) == "the last 30 days"
+
+
+class _CountingCursor(psycopg2.extensions.cursor):
+    """Counts the statements sent through cursors of its kind."""
+
+    statements = 0
+
+    def execute(self, query, vars=None):
+        _CountingCursor.statements += 1
+        return super().execute(query, vars)
+
+    def copy_expert(self, sql, file, size=8192):
+        _CountingCursor.statements += 1
+        return super().copy_expert(sql, file, size)
+
+
+def test_a_thousand_ranges_commit_in_the_statements_of_four_and_one_wrong_range_of_them_refuses_all(services):
+    pipeline = new_pipeline("many_ranges", partitions=0)
+    topic = pipeline.topics[0]
+    conn = store_connection()
+    conn.cursor_factory = _CountingCursor
+    statements = {}
+    for partitions in (4, 1000):
+        batch = _plan(conn, pipeline, f"r{partitions}", [OffsetRange(topic, 1000 + p if partitions == 4 else p, 0, 10)
+                                                         for p in range(partitions)])
+        attempt = attempts.claim_attempt(conn, batch.id)
+        _CountingCursor.statements = 0
+        commit_batch(conn, pipeline, batch.id, attempt, {"aggregate": _aggregate_output(batch, 2)})
+        statements[partitions] = _CountingCursor.statements
+    assert statements[1000] == statements[4], statements  # none per range: positions, ledger, counts in one each
+    assert table_contents(pipeline) == {("/", MINUTE): (2 * 1004, 20 * 1004)}
+    assert len(query("SELECT 1 FROM kafka_batch.ledger WHERE pipeline = %s", pipeline.name)) == 1004
+
+    # The next thousand ranges, one of which (partition 617) starts where no batch ended: nothing commits.
+    def state():
+        return (positions(pipeline.name), table_contents(pipeline),
+                query("SELECT count(*) FROM kafka_batch.ledger WHERE pipeline = %s", pipeline.name))
+
+    before = state()
+    wrong = _plan(conn, pipeline, "wrong", [OffsetRange(topic, p, 9 if p == 617 else 10, 20) for p in range(1000)])
+    attempt = attempts.claim_attempt(conn, wrong.id)
+    with pytest.raises(StateError, match=rf"{topic}\[617\] 9..20 expected position 9 but found stored position 10"):
+        commit_batch(conn, pipeline, wrong.id, attempt, {"aggregate": _aggregate_output(wrong, 2)})
+    assert state() == before
+    conn.close()

@@ -164,8 +164,10 @@ def test_invalid_records_are_quarantined_and_a_replay_reprocesses_them(services)
     assert rows_contents(pipeline) == rows_truth(topic, select=clean)
     assert positions(pipeline.name) == {(topic, 0): 62}  # the clean records after them committed too
     status = run_cli("status", "--pipeline", pipeline.name).stdout.splitlines()
-    assert status[0].split() == ["topic", "partition", "position", "last", "stable", "lag", "last", "batch"]
-    assert status[2].split()[:5] == [topic, "0", "62", "62", "0"]
+    assert status[0].split() == ["topic", "partitions", "lag", "behind", "most", "behind", "(lag)", "last", "batch"]
+    assert status[2].split()[:5] == [topic, "1", "0", "0", "-"]
+    assert status[4].split() == ["topic", "partition", "position", "last", "stable", "lag", "last", "batch"]
+    assert status[6].split()[:5] == [topic, "0", "62", "62", "0"]
     quarantined = query('SELECT "offset", value_bytes, reason FROM kafka_batch.quarantine WHERE pipeline = %s'
                         ' ORDER BY 1', pipeline.name)
     assert [(o, n) for o, n, _ in quarantined] == [(mistyped, len(MISTYPED)), (garbage, len(b"\xff not json"))]

@@ -14,6 +14,7 @@ import logging
 import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -168,16 +169,18 @@ def _commands(pipeline, topic: str, partition: int, from_offset: int, until_offs
 
 
 def _detail(pipeline, limit: int) -> dict:
-    from kafka_batch.core import inspection
+    from kafka_batch.core import inspection, report
 
     conns: list = []
     services = _opened(pipeline, conns)
     try:
         inspection.check_schema(services.conn)
-        result: dict[str, Any] = {"pipeline": _describe(pipeline), "kafka_error": None, "partitions": []}
+        result: dict[str, Any] = {"pipeline": _describe(pipeline), "kafka_error": None, "topics": [], "partitions": []}
         try:
             result["partitions"] = inspection.partitions(services.conn, services.kafka, services.kafka_config, pipeline,
                                                          timeout=KAFKA_TIMEOUT_SECONDS)
+            result["topics"] = [asdict(t) for t in report.topic_totals(
+                (p["topic"], p["partition"], p["lag"], p["last_batch_id"]) for p in result["partitions"])]
         except Exception as exc:
             log.warning("console: pipeline %s: Kafka: %s", pipeline.name, exc)
             result["kafka_error"] = _error(exc, conns)

@@ -37,6 +37,7 @@ from kafka_batch.spark.execution import batch_execution
 
 # `status --check`'s exit status when the pipeline is behind its alerts (errors keep theirs: errors.py).
 BEHIND = 7
+SHOWN_PARTITIONS = 12  # `status` lists a pipeline's partitions when it has at most this many
 
 
 def _postgres(conn_id: str):
@@ -347,16 +348,26 @@ def cmd_status(args) -> int:
         found = [ms for ms in first_timestamps(_kafka_config(pipeline), lagging).values() if ms is not None]
         oldest = datetime.fromtimestamp(min(found) / 1000, UTC) if found else None
         breaches = alerts.breaches(lag, oldest, datetime.now(UTC))
+    topics = report.topic_totals((r.topic, r.partition, r.lag, r.last_batch_id) for r in rows)
     if args.json:
-        print(json.dumps({"pipeline": pipeline.name, "lag": lag, "partitions": [asdict(r) for r in rows],
-                          **({"kafka_sinks": sinks} if sinks else {}),
+        print(json.dumps({"pipeline": pipeline.name, "lag": lag, "topics": [asdict(t) for t in topics],
+                          "partitions": [asdict(r) for r in rows], **({"kafka_sinks": sinks} if sinks else {}),
                           **({"breaches": breaches} if args.check else {})}, indent=2, default=str))
     else:
         print(tabulate(
-            [(r.topic, r.partition, r.position, r.last_stable, r.lag, "-" if r.last_batch_id is None else r.last_batch_id)
-             for r in rows],
-            headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
+            [(t.topic, t.partitions, t.lag, t.behind, ", ".join(f"{p} ({n:,})" for p, n in t.worst) or "-",
+              "-" if t.last_batch_id is None else t.last_batch_id) for t in topics],
+            headers=["topic", "partitions", "lag", "behind", "most behind (lag)", "last batch"],
         ))
+        if args.partitions or len(rows) <= SHOWN_PARTITIONS:
+            print()
+            print(tabulate(
+                [(r.topic, r.partition, r.position, r.last_stable, r.lag,
+                  "-" if r.last_batch_id is None else r.last_batch_id) for r in rows],
+                headers=["topic", "partition", "position", "last stable", "lag", "last batch"],
+            ))
+        else:
+            print(f"({len(rows):,} partitions: `--partitions` lists each)")
         for sink in sinks:
             last = sink["last_published"]
             print(f"kafka sink {sink['topic']}: last batch published {'-' if last is None else last['batch_id']}")
@@ -491,9 +502,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--run-id", help="re-run the batch of this run id (a committed batch is a no-op)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("status", help="per partition: position, last stable offset, lag, last batch")
+    p = sub.add_parser("status", help="per topic: lag and the partitions most behind; per partition: position, last"
+                                      " stable offset, lag, last batch")
     p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--partitions", action="store_true",
+                   help=f"list every partition (shown anyway for at most {SHOWN_PARTITIONS})")
     p.add_argument("--check", action="store_true",
                    help=f"exit {BEHIND} with one line when the lag is over the pipeline's alerts (for a cron or a probe)")
     p.set_defaults(func=cmd_status)

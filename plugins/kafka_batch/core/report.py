@@ -5,6 +5,7 @@ Read-only: nothing here changes progress.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from kafka_batch.config import Pipeline
@@ -24,6 +25,31 @@ class PartitionStatus:
     last_stable: int
     lag: int
     last_batch_id: int | None
+
+
+@dataclass(frozen=True)
+class TopicStatus:
+    """A topic's partitions summed up, for pipelines of many: how far behind, and where most."""
+
+    topic: str
+    partitions: int
+    lag: int
+    behind: int  # partitions with a lag
+    worst: tuple[tuple[int, int], ...]  # (partition, lag) of the most behind, most first
+    last_batch_id: int | None
+
+
+def topic_totals(rows: Iterable[tuple[str, int, int, int | None]], worst: int = 3) -> list[TopicStatus]:
+    """Per topic, in the rows' order, from (topic, partition, lag, last batch) per partition: partitions,
+    lag, how many are behind and the `worst` most behind."""
+    by_topic: dict[str, list[tuple[str, int, int, int | None]]] = {}
+    for row in rows:
+        by_topic.setdefault(row[0], []).append(row)
+    return [TopicStatus(
+        topic, len(found), sum(lag for _, _, lag, _ in found), sum(1 for _, _, lag, _ in found if lag),
+        tuple((p, lag) for _, p, lag, _ in sorted((r for r in found if r[2]), key=lambda r: -r[2])[:worst]),
+        max((b for *_, b in found if b is not None), default=None),
+    ) for topic, found in by_topic.items()]
 
 
 def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatus]:

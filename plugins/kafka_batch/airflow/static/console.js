@@ -5,6 +5,8 @@
 const $ = (selector) => document.querySelector(selector);
 // The Airflow UI is one level up from this page (<base>/kafka-batch/ -> <base>/).
 const airflow = (path) => "../" + path;
+// A pipeline's partitions are listed at once up to this many (the CLI's `status` shows as many).
+const SHOWN_PARTITIONS = 12;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -153,6 +155,12 @@ async function showPipeline(name) {
   $("#detail-error").textContent = data.error || data.kafka_error || "";
   $("#detail").hidden = false;
   if (data.error) return;
+  fill($("#topics tbody"), data.topics.map((t) => el("tr", {"data-topic": t.topic}, cell(t.topic),
+    numCell(t.partitions, "partitions"), numCell(t.lag, "lag"), numCell(t.behind, "behind"),
+    cell(t.worst.map(([n, lag]) => n + " (" + lag.toLocaleString() + ")").join(", ") || "–", "worst"),
+    numCell(t.last_batch_id))));
+  // Every partition is listed on demand; a pipeline of a few shows them at once.
+  $("#partitions-section").open = data.partitions.length <= SHOWN_PARTITIONS;
   fill($("#partitions tbody"), data.partitions.map((r) => el("tr", {"data-topic": r.topic, "data-partition": r.partition},
     cell(r.topic), numCell(r.partition), numCell(r.position, "position" + (r.stored ? "" : " not-stored")),
     numCell(r.log_start, "log-start"), numCell(r.last_stable, "last-stable"), numCell(r.lag, "lag"),
