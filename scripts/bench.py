@@ -43,6 +43,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   pipeline's rows or messages: Spark's Kafka batch source, an AvailableNow stream and KafkaRDD
                   beside the JSON and Avro jobs; Debezium's JDBC sink beside the upsert; Kafka Streams beside
                   the Kafka sink
+  scale           a 1,000-record and a 1M-record batch over MANY partitions against over 4 (Spark Connect), the
+                  commit of their ranges, and `status` and the console's page for MANY partitions behind
   curve           the pipeline, the Spark peers and the plain consumer at 1k, 10k and 100k records; with the
                   json part's sizes, the chart of records/s against batch size (--chart, docs/benchmarks.png)
 The many-keys, upsert and Avro plain consumers run in a fresh process each, their interpreter's start
@@ -427,7 +429,7 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
         f"{records:,} records, {len(batch.ranges)} ranges, {read_tasks} read tasks in {seconds:.1f}s (kafka-batch run);"
         f" peak RSS MB {mb}; CPU s {cpu}; phases {breakdown}", seconds=round(seconds, 2), records=records, rss_mb=mb,
         cpu_s=cpu, phases=breakdown, read_tasks=read_tasks)
-    return {"seconds": seconds, "records": records, "rss": mb}
+    return {"seconds": seconds, "records": records, "rss": mb, "phases": breakdown}
 
 
 def warm_up(env: Env, make_pipeline, batches: int = WARM_UP_BATCHES) -> None:
@@ -1138,6 +1140,8 @@ def main() -> int:
     parser.add_argument("--upsert-keys", type=int, default=100_000)
     parser.add_argument("--upsert-commit-keys", type=int, default=100_000)
     parser.add_argument("--after-abort-records", type=int, default=1_000_000)
+    parser.add_argument("--scale-records", type=int, default=1_000_000,
+                        help="the scale part's big batch, over --many partitions and over 4")
     parser.add_argument("--publish-big", type=int, default=10_000_000,
                         help="the Kafka sink's big batch, for the driver's memory against the small size's")
     parser.add_argument("--repeat", type=int, default=3,
@@ -1458,9 +1462,65 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
     return [(f"5 commit of {args.commit_rows // 1000}k rows (s) <= 2", commit["value"], 2, "<=")]
 
 
+def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """Issue 55's many partitions, on Spark Connect (warmed up): a 1,000-record batch and a --scale-records
+    (1M) batch over --many (1,000) partitions against the same over 4, the commit phase of the big ones
+    (every position and ledger row moved in a few statements), and what `status` and the console's
+    pipeline page take for the wide pipeline with every partition behind (before its batch runs)."""
+    from kafka_batch.core import inspection, report
+
+    topics = {}
+    for size, records in (("small", args.fixed_records), ("big", args.scale_records)):
+        for partitions in (args.many, 4):
+            topic = topics[size, partitions] = f"{env.prefix}_scale_{size}_{partitions}"
+            sample_data.ensure_topic(env.kafka, topic, partitions)
+            produce_per_partition(env.kafka, topic, partitions, max(1, records // partitions), seed=3)
+    warm_up(env, lambda i: env.pipeline(f"scale_warm_{i}", topics["small", 4], CONNECT))
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    status_s, page_s = [], []
+    for i in range(args.repeat):
+        for (size, partitions), topic in topics.items():
+            pipeline = env.pipeline(f"scale_{size}_{partitions}_{i}", topic, CONNECT)
+            batch = env.plan(pipeline)
+            if (size, partitions) == ("big", args.many):  # every partition behind: what an operator looks at
+                conn, kafka = database.connect(env.postgres), KafkaOffsets(env.kafka)
+                try:
+                    started = time.monotonic()
+                    rows = report.status(conn, kafka, pipeline)
+                    report.topic_totals((r.topic, r.partition, r.lag, r.last_batch_id) for r in rows)
+                    status_s.append(time.monotonic() - started)
+                    started = time.monotonic()
+                    inspection.partitions(conn, kafka, env.kafka, pipeline)
+                    page_s.append(time.monotonic() - started)
+                finally:
+                    conn.close()
+            runs[size, partitions].append(spark_run(env, pipeline, batch, f"{batch.span:,} records over {partitions}"
+                                                                           " partitions, Spark Connect"))
+    best = {key: min(found, key=lambda r: r["seconds"]) for key, found in runs.items()}
+    commit = {partitions: min(r["phases"].get("commit", float("nan")) for r in runs["big", partitions])
+              for partitions in (args.many, 4)}
+    row(f"commit of {args.many} ranges", commit[args.many], "s", f"the commit phase of the big batch over {args.many}"
+        f" partitions (over 4: {commit[4]:.2f} s)")
+    row(f"status, {args.many} partitions", min(status_s), "s", "report.status and its per-topic totals, every"
+        " partition behind")
+    row(f"console page, {args.many} partitions", min(page_s), "s", "inspection.partitions (positions, offsets,"
+        " the oldest unread record of every partition behind)")
+    small, big = f"{args.fixed_records:,}", f"{args.scale_records / 1e6:g}M"
+    return [
+        (f"55 {small} records over {args.many} partitions / over 4 <= 2",
+         best["small", args.many]["seconds"] / best["small", 4]["seconds"], 2, "<="),
+        (f"55 {big} records over {args.many} partitions / over 4 <= 1.3",
+         best["big", args.many]["seconds"] / best["big", 4]["seconds"], 1.3, "<="),
+        (f"55 commit of {args.many} ranges - of 4 <= 0.3 s", commit[args.many] - commit[4], 0.3, "<="),
+        (f"55 status of {args.many} partitions <= 1 s", min(status_s), 1, "<="),
+        (f"55 console page of {args.many} partitions <= 1 s", min(page_s), 1, "<="),
+    ]
+
+
 PARTS = {"json": measure_json, "fixed": measure_fixed, "airflow": measure_airflow, "metrics": measure_metrics,
          "commit": measure_commit, "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
-         "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink, "curve": measure_curve}
+         "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink, "curve": measure_curve,
+         "scale": measure_scale}
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:

@@ -1,0 +1,82 @@
+"""Topics of 200 partitions (the bench runs 1,000): the aggregate, upsert and Kafka sinks stay exact
+against ground truth read by a plain read_committed consumer, partitions with nothing new add no
+ledger rows, and `status` sums the topic up instead of listing every partition."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections import Counter
+
+import pytest
+
+from kafka_batch_dev import sample_data
+from tests.integration.helpers import (
+    _committed_messages,
+    create_topic,
+    ground_truth,
+    kafka_config,
+    new_pipeline,
+    query,
+    run_cli,
+    table_contents,
+)
+from tests.integration.test_end_to_end import _transactional_page_views
+from tests.integration.test_upsert import compacted, customer, produce, table, upsert_pipeline
+
+pytestmark = pytest.mark.integration
+PARTITIONS = 200
+
+
+def _ledger_rows(pipeline_name: str) -> Counter:
+    """Ranges per batch, as the ledger holds them."""
+    return Counter(b for (b,) in query("SELECT batch_id FROM kafka_batch.ledger WHERE pipeline = %s", pipeline_name))
+
+
+def test_a_topic_of_200_partitions_totals_and_publishes_every_committed_record_once(services):
+    output = f"wide_{uuid.uuid4().hex[:8]}_out"
+    create_topic(output, 8)
+    pipeline = new_pipeline("wide", partitions=PARTITIONS, sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(kafka_config(), topic, 3000, seed=92, users=5000)
+    _transactional_page_views(topic, transactions=6, size=50, seed=93)  # aborted ones among them
+    run_cli("run", "--pipeline", pipeline.name)
+    first = _ledger_rows(pipeline.name)
+    assert list(first.values()) == [PARTITIONS]  # every partition had records
+
+    # Ten partitions get more: the next batch reads those ten and records nothing for the others.
+    rng = random.Random(94)
+    extra = [(p, f"user_{p}", sample_data.page_view(rng)[1]) for p in range(0, PARTITIONS, 20) for _ in range(3)]
+    produce(topic, extra)
+    run_cli("run", "--pipeline", pipeline.name)
+    assert sorted((_ledger_rows(pipeline.name) - first).values()) == [10]
+
+    assert table_contents(pipeline) == ground_truth(topic)
+    valid = [f"{topic}:{m.partition()}:{m.offset()}" for m in _committed_messages(topic, list(range(PARTITIONS)))
+             if m.value() is not None]
+    published = [dict((k, v.decode()) for k, v in m.headers())["kafka_batch.source"]
+                 for m in _committed_messages(output, list(range(8)))]
+    assert Counter(published) == Counter(dict.fromkeys(valid, 1))
+
+    text = run_cli("status", "--pipeline", pipeline.name).stdout.splitlines()
+    assert text[2].split()[:5] == [topic, str(PARTITIONS), "0", "0", "-"]  # caught up: nothing behind
+    assert f"({PARTITIONS} partitions: `--partitions` lists each)" in text
+    listed = run_cli("status", "--pipeline", pipeline.name, "--partitions").stdout.splitlines()
+    assert len([line for line in listed if line.startswith(topic)]) == 1 + PARTITIONS
+
+
+def test_an_upsert_over_200_partitions_keeps_each_keys_latest_record(services):
+    pipeline = upsert_pipeline("wide_upsert", partitions=PARTITIONS)
+    topic = pipeline.topics[0]
+    rng = random.Random(95)
+    keys = [f"c{n}" for n in range(600)]
+    for round_ in range(2):
+        records = [(int(k[1:]) % PARTITIONS, k, customer(k, f"{k}-r{round_}-{n}", rng.randrange(10_000)))
+                   for n in range(2) for k in rng.sample(keys, 400)]
+        records += [(int(k[1:]) % PARTITIONS, k, None) for k in rng.sample(keys, 30)]  # deletes
+        produce(topic, records)
+        run_cli("run", "--pipeline", pipeline.name)
+        assert table(pipeline) == compacted(topic)
+    assert json.loads(run_cli("status", "--pipeline", pipeline.name, "--json").stdout)["topics"][0]["partitions"] == (
+        PARTITIONS)
