@@ -76,12 +76,15 @@ def collect_arrow(frame) -> pa.Table:
     to_table = getattr(frame, "_to_table", None)  # Spark Connect's DataFrame (pyspark is pinned)
     if to_table is None:
         return frame.toArrow()
+    table, schema = to_table()
+    return table.cast(_as_to_arrow(schema or frame.schema))
+
+
+def _as_to_arrow(schema) -> pa.Schema:
+    """The Arrow schema a Spark Connect result is cast to: toArrow's, the declared types, times in UTC."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    table, schema = to_table()
-    # What toArrow casts to: the declared types, timestamps in UTC.
-    return table.cast(to_arrow_schema(schema or frame.schema, error_on_duplicated_field_names_in_struct=True,
-                                      timezone="UTC"))
+    return to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
 
 
 def stream_arrow(frame) -> Iterator[pa.Table]:
@@ -94,12 +97,11 @@ def stream_arrow(frame) -> Iterator[pa.Table]:
         return
     client = frame._session.client
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     target = None
     for piece in client.to_table_as_iterator(frame._plan.to_proto(client), frame._plan.observations):
         if not isinstance(piece, pa.Table):  # the schema comes first
-            target = to_arrow_schema(piece, error_on_duplicated_field_names_in_struct=True, timezone="UTC")
+            target = _as_to_arrow(piece)
             continue
         yield piece if target is None else piece.cast(target)
 

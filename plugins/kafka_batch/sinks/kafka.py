@@ -159,13 +159,10 @@ class KafkaSink(Sink):
         `pending`: the batches Postgres may still commit. A changelog publishes in the commit: None."""
         if self.changelog_of is not None:
             return None
-        publisher = self._publisher(kafka_config, batch)
+        publisher = self._fenced(kafka_config, batch, pending)
+        if publisher is None:
+            return Publication(None, batch, attempt)
         try:
-            publisher.fence()
-            found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
-            if decide(batch.id, found, pending) is Decision.COMPLETE:
-                publisher.close()
-                return Publication(None, batch, attempt)
             encode = self._encoder([(c.name, c.type) for c in self.value], registry_config)
         except BaseException:
             publisher.close()
@@ -216,12 +213,10 @@ class KafkaSink(Sink):
             if result is None:
                 raise StateError(f"batch {batch.id}: the Kafka sink's publication was not opened before the read")
             return result.commit()
-        publisher = self._publisher(kafka_config, batch)
+        publisher = self._fenced(kafka_config, batch, pending)
+        if publisher is None:
+            return 0
         try:
-            publisher.fence()
-            found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
-            if decide(batch.id, found, pending) is Decision.COMPLETE:
-                return 0
             columns = changelog.columns(cur, self.changelog_of)
             messages = _changes(changelog.take(cur, self.changelog_of), batch, self._encoder(columns, registry_config),
                                 self.headers)
@@ -229,10 +224,23 @@ class KafkaSink(Sink):
         finally:
             publisher.close()
 
-    def _publisher(self, kafka_config: dict, batch) -> Publisher:
-        return Publisher(kafka_config, batch.pipeline, self.topic,
-                         transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
-                         message_max_bytes=self.max_message_bytes + HEADER_BYTES)
+    def _fenced(self, kafka_config: dict, batch, pending: dict[int, str]) -> Publisher | None:
+        """The topic's producer for this attempt, every older one fenced, if the batch is still to publish
+        (`decide`); None, its producer closed, if an earlier attempt's transaction committed it."""
+        publisher = Publisher(kafka_config, batch.pipeline, self.topic,
+                              transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
+                              message_max_bytes=self.max_message_bytes + HEADER_BYTES)
+        try:
+            publisher.fence()
+            found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
+            publishes = decide(batch.id, found, pending) is Decision.PUBLISH
+        except BaseException:
+            publisher.close()
+            raise
+        if not publishes:
+            publisher.close()
+            return None
+        return publisher
 
     def _encoder(self, columns: list[tuple[str, str]], registry_config: dict | None):
         """A value's bytes from its row: Avro or Protobuf through the registry; JSON (a changelog's rows are dicts; the
@@ -286,18 +294,17 @@ def in_input_order(pieces: Iterable[pa.Table], tasks: Sequence[Sequence[OffsetRa
     order. Within a range the tasks keep that order (ranges.pack_tasks); a partition with several ranges
     (a replay of several batches) has its later ranges' rows held until the earlier ranges are complete,
     that is until a later task than any that reads them arrives."""
-    first: dict[int, tuple[int, str, int]] = {}  # range id -> its first offset and its partition
+    partition_of: dict[int, tuple[str, int]] = {}
     last_task: dict[int, int] = {}  # range id -> the last task that reads a piece of it
     starts: dict[int, list[tuple[int, int]]] = {}  # range id -> (from offset, task) of its pieces
     for task, pieces_of_task in enumerate(tasks):
         for piece in pieces_of_task:
-            begin = min(piece.from_offset, first.get(piece.range_id, (piece.from_offset,))[0])
-            first[piece.range_id] = (begin, piece.topic, piece.partition)
+            partition_of[piece.range_id] = (piece.topic, piece.partition)
             last_task[piece.range_id] = task
             starts.setdefault(piece.range_id, []).append((piece.from_offset, task))
     queues: dict[tuple[str, int], list[int]] = {}  # partition -> its ranges in offset order, the first not complete
-    for range_id in sorted(first, key=first.get):
-        queues.setdefault(first[range_id][1:], []).append(range_id)
+    for range_id in sorted(starts, key=lambda r: min(starts[r])):
+        queues.setdefault(partition_of[range_id], []).append(range_id)
     queues = {where: queue for where, queue in queues.items() if len(queue) > 1}
     if not queues:  # one range per partition: the order of arrival is the order
         yield from pieces

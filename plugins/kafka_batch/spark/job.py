@@ -289,9 +289,10 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
     finally:
         conn.close()
     limits = pipeline.limits
+    cores = _parallelism(spark)  # under Spark Connect a round trip: asked once
     pieces = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
     # Small ranges share a task (one consumer for several partitions); at least one task per core.
-    tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, _parallelism(spark)))
+    tasks = pack_tasks(pieces, limits.max_records_per_task, max(limits.min_tasks, cores))
     read_tasks = len(tasks)  # one Spark partition, so one read task, each
     progress = _ConnectProgress(spark) if is_connect(spark) else _ReadProgress(spark, len(pieces))
     observations = []
@@ -312,14 +313,14 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
         """The records again, one read task at a time, for a sink that streams a result as big as the
         batch (when it reads the records alone: a persisted read, beside other sinks, is held by Spark
         whole anyway): Spark keeps a few tasks' results for the driver, whatever the batch's size."""
-        if shared or len(tasks) <= _parallelism(spark):
+        if shared or len(tasks) <= cores:
             yield records
             return
         observations.pop(0)  # the whole batch's read, which no action runs then
         for task in tasks:
             yield read_records([task])
 
-    stage = StageContext(batch.id, attempt, postgres, tasks, publication, waves, _parallelism(spark))
+    stage = StageContext(batch.id, attempt, postgres, tasks, publication, waves, cores)
     spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
     with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
           _Progress(batch.id, progress)):
