@@ -45,6 +45,10 @@ produces the data, plans every batch, then measures (each with the load average 
                   the Kafka sink
   scale           a 1,000-record and a 1M-record batch over MANY partitions against over 4 (Spark Connect), the
                   commit of their ranges, and `status` and the console's page for MANY partitions behind
+  parse           the DAG file over 10 to PIPELINES (200) pipeline files, each with its own table: its own time
+                  (Airflow's import not counted) and `airflow dags report`'s (Airflow's DagBag parse)
+  concurrent      CONCURRENT (20) pipelines, two a topic, started together on one Spark Connect server and one
+                  Postgres, against as many run one after another; every table checked against its topic
   curve           the pipeline, the Spark peers and the plain consumer at 1k, 10k and 100k records; with the
                   json part's sizes, the chart of records/s against batch size (--chart, docs/benchmarks.png)
 The many-keys, upsert and Avro plain consumers run in a fresh process each, their interpreter's start
@@ -78,7 +82,7 @@ import plain_consumer  # scripts/, beside this file
 import psutil
 import pyarrow as pa
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from peers import launch as peer_launch  # scripts/peers/
 from psycopg2 import sql
@@ -1144,6 +1148,10 @@ def main() -> int:
                         help="the scale part's big batch, over --many partitions and over 4")
     parser.add_argument("--publish-big", type=int, default=10_000_000,
                         help="the Kafka sink's big batch, for the driver's memory against the small size's")
+    parser.add_argument("--pipelines", type=int, default=200, help="pipeline files of the parse part")
+    parser.add_argument("--concurrent", type=int, default=20, help="pipelines started together (concurrent part)")
+    parser.add_argument("--concurrent-records", type=int, default=20_000,
+                        help="records added to each topic of the concurrent part before each round")
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of each part's measures; each figure is its best round")
     parser.add_argument("--curve", default="1000,10000,100000",
@@ -1392,7 +1400,7 @@ def measure_airflow(args: argparse.Namespace, env: Env) -> list[tuple]:
             row("fixed cost in an Airflow task, Spark Connect", took["execute"], "s", f"the execute task of a DAG run"
                 f" of {args.fixed_records:,} records (Airflow's duration); the run's tasks {took}", tasks=took)
             row("DAG run of a small batch, Spark Connect", took["run"], "s", f"{args.fixed_records:,} records: plan,"
-                " has_work, execute, report and the scheduler's turns between them", tasks=took)
+                " execute, report and the scheduler's turns between them", tasks=took)
     finally:
         local_stack.stop_airflow(state)
     best = next(r for r in ROWS if r["name"] == "fixed cost in an Airflow task, Spark Connect")
@@ -1517,10 +1525,125 @@ def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
     ]
 
 
+def topic_totals(env: Env, topic: str) -> dict:
+    """Ground truth, independent of the pipeline: scripts/plain_consumer's read_committed read and
+    aggregate of the whole topic, {(page, minute): (views, total duration)}."""
+    probe = plain_consumer.consumer(env.kafka, [])
+    partitions = probe.list_topics(topic, timeout=30).topics[topic].partitions
+    ranges = [(topic, p, *probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)) for p in partitions]
+    probe.close()
+    reader = plain_consumer.consumer(env.kafka, ranges)
+    _, totals = plain_consumer.aggregate(plain_consumer.consume(reader, ranges), "page")
+    reader.close()
+    return {key: tuple(v) for key, v in totals.items()}
+
+
+def started_together(pipelines: list) -> tuple[float, list[float]]:
+    """`kafka-batch run` of every pipeline at once: (seconds until the last ends, each one's seconds)."""
+    started = time.monotonic()
+    running = {subprocess.Popen([KAFKA_BATCH, "run", "--pipeline", p.name], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True): p for p in pipelines}
+    took = {}
+    while running:
+        for proc in [proc for proc in running if proc.poll() is not None]:
+            took[running.pop(proc).name] = time.monotonic() - started
+            if proc.returncode != 0:
+                raise RuntimeError(f"kafka-batch run failed: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.05)
+    return time.monotonic() - started, [took[p.name] for p in pipelines]
+
+
+def measure_concurrent(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """Issue 55's many batches at once, on one Spark Connect server and one Postgres: --concurrent (20)
+    pipelines, two reading each topic, started together in --repeat rounds (records added before each),
+    against as many others over the same topics run one after another in the same rounds. Every table is
+    then checked against a plain read_committed consumer's totals of its topic."""
+    n = args.concurrent
+    topics = [f"{env.prefix}_conc_{t}" for t in range(max(1, n // 2))]
+    for topic in topics:
+        sample_data.ensure_topic(env.kafka, topic, 4)
+    together = [env.pipeline(f"conc_{i}", topics[i % len(topics)], CONNECT) for i in range(n)]
+    alone = [env.pipeline(f"conc_serial_{i}", topics[i % len(topics)], CONNECT) for i in range(n)]
+    warm_up(env, lambda i: env.pipeline(f"conc_warm_{i}", topics[0], CONNECT), batches=4)
+    ratios = []
+    for r in range(args.repeat):
+        for t, topic in enumerate(topics):
+            sample_data.produce_page_views(env.kafka, topic, args.concurrent_records, seed=100 * r + t)
+        settle()
+        wall, each = started_together(together)
+        row(f"{n} pipelines at once", wall, "s", f"{n} batches of {args.concurrent_records:,} records started"
+            f" together on one Spark Connect server; each took {min(each):.1f}-{max(each):.1f} s", each=each)
+        settle()
+        started = time.monotonic()
+        for pipeline in alone:
+            cli_run(pipeline)
+        serial = row(f"{n} pipelines one after another", time.monotonic() - started, "s",
+                     "the same batches, one `kafka-batch run` at a time")["samples"][-1]
+        ratios.append(wall / serial)
+    truth = {topic: topic_totals(env, topic) for topic in topics}
+    conn = database.connect(env.postgres)
+    wrong = []
+    with conn, conn.cursor() as cur:
+        for pipeline in together + alone:
+            cur.execute(f'SELECT page, minute, views, total_duration_ms FROM "{pipeline.tables[0]}"')
+            if {(page, minute): (v, d) for page, minute, v, d in cur.fetchall()} != truth[pipeline.topics[0]]:
+                wrong.append(pipeline.name)
+    conn.close()
+    if wrong:
+        raise RuntimeError(f"not exact against the topic's own totals: {wrong}")
+    print(f"  all {2 * n} tables equal their topic's totals (a plain read_committed consumer's)", flush=True)
+    return [(f"55 {n} pipelines at once / one after another <= 1.3", min(ratios), 1.3, "<=")]
+
+
+PARSE_PROBE = ("import runpy, sys, time; import airflow.sdk, airflow.providers.standard.operators.python;"
+               " started = time.perf_counter(); runpy.run_path(sys.argv[1]); print(time.perf_counter() - started)")
+
+
+def write_definitions(directory: Path, count: int) -> None:
+    """COUNT pipeline files: the reference pipeline, each with its own name, topic and table."""
+    base = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+    for n in range(count):
+        raw = {**base, "name": f"p{n:03}", "topics": [f"t{n:03}"],
+               "sinks": {"aggregate": {**base["sinks"]["aggregate"], "table": f"t{n:03}"}}}
+        (directory / f"p{n:03}.yaml").write_text(yaml.safe_dump(raw))
+
+
+def measure_parse(args: argparse.Namespace, env: Env) -> list[tuple]:
+    """Issue 55's many pipelines: the DAG file over 10 to --pipelines (200) definitions. Its own time in
+    a fresh interpreter, Airflow's import not counted, and Airflow's own figure for the file (`airflow
+    dags report`: the DagBag parse the DAG processor runs, which also counts the providers' import), on a
+    throwaway Airflow home (SQLite)."""
+    dag_file = str(PROJECT_ROOT / "dags" / "kafka_batch_pipelines.py")
+    own: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="kafka_batch_parse_") as home:
+        variables = {**os.environ, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                     "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags")}
+        airflow = str(Path(sys.executable).parent / "airflow")
+        subprocess.run([airflow, "db", "migrate"], env=variables, check=True, capture_output=True)
+        for count in sorted({10, 50, 100, args.pipelines}):
+            folder = Path(home) / f"pipelines_{count}"
+            folder.mkdir()
+            write_definitions(folder, count)
+            variables["KAFKA_BATCH_PIPELINES_DIR"] = str(folder)
+            for _ in range(args.repeat):
+                settle()
+                probe = subprocess.run([sys.executable, "-c", PARSE_PROBE, dag_file], env=variables, check=True,
+                                       capture_output=True, text=True)
+                own[count] = row(f"DAG file, {count} pipelines", float(probe.stdout.split()[-1]), "s",
+                                 f"{2 * count} DAGs, Airflow's import not counted")["value"]
+                report = subprocess.run([airflow, "dags", "report", "-o", "json"], env=variables, check=True,
+                                        capture_output=True, text=True).stdout
+                parsed = json.loads(report[report.index("[{"):])[0]
+                hours, minutes, seconds = parsed["duration"].split(":")
+                row(f"dags report, {count} pipelines", float(seconds) + 60 * int(minutes) + 3600 * int(hours), "s",
+                    f"Airflow's DagBag parse of the file: {parsed['dag_num']} DAGs, {parsed['task_num']} tasks")
+    return [(f"55 DAG file over {args.pipelines} pipeline files <= 1 s", own[args.pipelines], 1, "<=")]
+
+
 PARTS = {"json": measure_json, "fixed": measure_fixed, "airflow": measure_airflow, "metrics": measure_metrics,
          "commit": measure_commit, "upsert": measure_upsert, "many-keys": measure_many_keys, "avro": measure_avro,
          "after-abort": measure_after_abort, "kafka-sink": measure_kafka_sink, "curve": measure_curve,
-         "scale": measure_scale}
+         "scale": measure_scale, "parse": measure_parse, "concurrent": measure_concurrent}
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:

@@ -433,6 +433,10 @@ class Pipeline(Model):
     """`offsets`: a run reads up to the last stable offsets; `time`: up to the end of its data interval."""
     schedule: str | None = None
     """A cron expression or preset (`@hourly`); null: runs only when triggered."""
+    pool: str | None = None
+    """The Airflow pool whose slot the execute task takes (null: Airflow's `default_pool`). Pipelines that
+    share a Spark Connect server or a Postgres can name one pool of N slots (`airflow pools set NAME N
+    ...`): at most N of their batches then execute at once, the others queue in Airflow."""
     on_data_loss: Literal["fail", "skip"] = "fail"
     """A stored position below the log start (retention deleted unread records): stop, or record the loss and go on."""
     on_invalid_record: Literal["quarantine", "fail"] = "quarantine"
@@ -539,6 +543,10 @@ class Pipeline(Model):
         return f"kafka_batch__{self.name}"
 
     @property
+    def replay_dag_id(self) -> str:
+        return f"{self.dag_id}__replay"
+
+    @property
     def topics_label(self) -> str:
         return ", ".join(self.topics) if self.topics else f"topics matching /{self.topic_pattern}/"
 
@@ -629,6 +637,11 @@ def load_pipelines(directory: Path | None = None, invalid: dict[str, str] | None
         tables.update(dict.fromkeys(pipeline.tables, pipeline.name))
         pipelines[pipeline.name] = pipeline
     return pipelines
+
+
+def invalid_dag_id(path: str) -> str:
+    """The DAG that stands in for an invalid pipeline file (and says why)."""
+    return "kafka_batch__invalid__" + re.sub(r"[^A-Za-z0-9_]", "_", Path(path).stem)
 
 
 def load_pipeline(name: str, directory: Path | None = None) -> Pipeline:

@@ -38,13 +38,27 @@ def test_dag_conventions(dagbag, dag_id):
     assert dag.max_active_runs == 1
     assert "kafka_batch" in dag.tags and dag.doc_md
     assert not dag.catchup
-    assert [t.task_id for t in dag.topological_sort()] == ["plan", "has_work", "execute", "report"]
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "execute", "report"]
     for task in dag.tasks:
         assert task.retries >= 2, task.task_id
     execute = dag.get_task("execute")
     assert isinstance(execute, BatchSparkSubmitOperator) and execute.pipeline.dag_id in dag_id
     # Connections go to the hook at run time, never to a rendered field.
-    assert set(execute.template_fields) == {"batch_id", "mode"}
+    assert set(execute.template_fields) == {"batch_id", "plan_status", "mode"}
+
+
+def test_a_pipelines_pool_bounds_its_execute_task_only():
+    """`pool` puts the execute task (the one that holds Spark and Postgres) in that Airflow pool; plan and
+    report stay in the default pool, so a full pool never stops a run from planning or reporting."""
+    from kafka_batch.airflow.dag_factory import build_dag, build_replay_dag
+    from kafka_batch.config import parse_pipeline
+
+    raw = yaml.safe_load((PROJECT_ROOT / "pipelines" / "page_views.yaml").read_text())
+    for pool, expected in ((None, "default_pool"), ("shared_spark", "shared_spark")):
+        pipeline = parse_pipeline({**raw, "pool": pool})
+        for dag in (build_dag(pipeline), build_replay_dag(pipeline)):
+            assert {t.task_id: t.pool for t in dag.tasks} == {
+                "plan": "default_pool", "execute": expected, "report": "default_pool"}
 
 
 def test_params_forms_validate_their_input(dagbag):
@@ -190,7 +204,7 @@ def test_a_broken_pipeline_file_costs_only_its_own_pipeline(tmp_path, monkeypatc
 
 
 def test_parsing_json_pipelines_imports_no_data_library(tmp_path):
-    """Every Airflow task parses the DAG file before it runs (Airflow 3): plan, has_work and report need
+    """Every Airflow task parses the DAG file before it runs (Airflow 3): plan, execute and report need
     neither Arrow nor pandas nor a binary format's library, so loading JSON pipelines imports none of
     them (pyarrow and numpy alone cost a task 0.15 s). Avro and Protobuf definitions need pyarrow to be
     checked."""

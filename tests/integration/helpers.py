@@ -269,9 +269,10 @@ def airflow_alone() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def run_airflow(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_airflow(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`airflow ...` in a subprocess, with the test services' environment (and `env` over it)."""
     airflow = str(Path(sys.executable).parent / "airflow")
-    result = subprocess.run([airflow, *args], capture_output=True, text=True, env=os.environ.copy())
+    result = subprocess.run([airflow, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
     return _checked(result, f"airflow {' '.join(args)}", check)
 
 

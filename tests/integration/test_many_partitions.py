@@ -8,8 +8,10 @@ import json
 import random
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
@@ -80,3 +82,39 @@ def test_an_upsert_over_200_partitions_keeps_each_keys_latest_record(services):
         assert table(pipeline) == compacted(topic)
     assert json.loads(run_cli("status", "--pipeline", pipeline.name, "--json").stdout)["topics"][0]["partitions"] == (
         PARTITIONS)
+
+
+def test_status_all_lists_every_pipeline_with_its_lag_and_problems(services, tmp_path):
+    """`status --all`: a line per pipeline of the folder, its lag against the topics' own counts, and
+    what needs a look: a pipeline whose Postgres does not answer and an invalid file get their error on
+    their own line, and the others' lines stay right."""
+    behind = new_pipeline("all_behind", partitions=PARTITIONS, alerts={"max_lag_records": 10})
+    sample_data.produce_page_views(kafka_config(), behind.topics[0], 1000, seed=5)
+    caught_up = new_pipeline("all_done", partitions=2)
+    sample_data.produce_page_views(kafka_config(), caught_up.topics[0], 30, seed=6)
+    run_cli("run", "--pipeline", caught_up.name)
+    session = Path(behind.source).parent
+    for pipeline in (behind, caught_up):
+        (tmp_path / f"{pipeline.name}.yaml").write_text((session / f"{pipeline.name}.yaml").read_text())
+    broken = yaml.safe_load((session / f"{caught_up.name}.yaml").read_text())
+    broken.update(name=f"{caught_up.name}_nodb", connections={**broken["connections"], "postgres": "nowhere"})
+    broken["sinks"]["aggregate"]["table"] += "_nodb"
+    (tmp_path / "nodb.yaml").write_text(yaml.safe_dump(broken))
+    (tmp_path / "invalid.yaml").write_text("name: invalid\ntopics: [x]\ncolour: red\n")
+    env = {"KAFKA_BATCH_PIPELINES_DIR": str(tmp_path)}
+
+    lines = json.loads(run_cli("status", "--all", "--json", env=env).stdout)["pipelines"]
+    by_name = {line["pipeline"]: line for line in lines}
+    committed_records = sum(1 for m in _committed_messages(behind.topics[0], list(range(PARTITIONS))) if m.value())
+    assert by_name[behind.name]["lag"] == committed_records > 0
+    assert by_name[behind.name]["partitions"] == PARTITIONS and by_name[behind.name]["last_batch"] is None
+    assert by_name[behind.name]["behind"] == [f"lag {committed_records} records over max_lag_records 10"]
+    assert by_name[caught_up.name]["lag"] == 0 and by_name[caught_up.name]["last_batch"]["status"] == "committed"
+    assert by_name[caught_up.name]["error"] is None and by_name[behind.name]["error"] is None
+    assert "nowhere" in by_name[f"{caught_up.name}_nodb"]["error"]
+    assert "colour" in by_name[None]["error"] and by_name[None]["file"].endswith("invalid.yaml")
+
+    table = run_cli("status", "--all", env=env).stdout
+    assert behind.name in table and caught_up.name in table and "(invalid.yaml)" in table
+    checked = run_cli("status", "--all", "--check", env=env, check=False)
+    assert checked.returncode == 7 and "3 pipeline(s) need a look" in checked.stderr

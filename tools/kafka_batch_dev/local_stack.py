@@ -651,7 +651,8 @@ def airflow_login(base: Path | None = None) -> tuple[str, str]:
 
 def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = None) -> str:
     """Start the Airflow components that are not running yet; return the UI's URL once it answers.
-    `extra_env` overrides the local services' environment (the tests add their connections).
+    `extra_env` overrides the local services' environment and Airflow's settings (the tests add their
+    connections, and another auth manager).
 
     The scheduler and triggerer run without their log servers (those bind every interface): the
     api-server reads the task logs from the shared AIRFLOW_HOME directly.
@@ -659,7 +660,7 @@ def start_airflow(base: Path, state: dict, extra_env: dict[str, str] | None = No
     if "airflow_port" not in state:
         state["airflow_port"] = AIRFLOW_PORT if not _port_open(AIRFLOW_PORT) else free_port()
     _, jwt_secret = _airflow_secrets(base)
-    env = {**os.environ, **environment(base), **(extra_env or {}), **_airflow_server_env(base, state, jwt_secret)}
+    env = {**os.environ, **environment(base), **_airflow_server_env(base, state, jwt_secret), **(extra_env or {})}
     airflow = str(Path(sys.executable).parent / "airflow")
     flags = {"scheduler": ["--skip-serve-logs"], "triggerer": ["--skip-serve-logs"]}
     processes = state.setdefault("airflow", {})

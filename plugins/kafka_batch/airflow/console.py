@@ -2,7 +2,8 @@
 
 Mounted by the plugin (`plugins/kafka_batch_console_plugin.py`) under `/kafka-batch/` and shown in the
 Airflow UI's navigation. Every endpoint needs a user authenticated by Airflow's own auth manager
-(plugin endpoints are not protected by default). Each pipeline is asked with its own connections,
+(plugin endpoints are not protected by default), and shows a user only the pipelines whose DAG that
+auth manager lets them read: the overview leaves the others out, their endpoints answer 403. Each pipeline is asked with its own connections,
 resolved through Airflow; a pipeline whose Postgres or Kafka does not answer gets its own error
 and the page still loads. Responses never hold a connection detail: messages are scrubbed of the
 connections' hosts, logins and secrets. The queries are `kafka_batch.core.inspection`'s (read-only).
@@ -15,7 +16,6 @@ import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,7 @@ class _Services:
 
 def _describe(pipeline) -> dict:
     return {
-        "name": pipeline.name, "dag_id": pipeline.dag_id, "replay_dag_id": f"{pipeline.dag_id}__replay",
+        "name": pipeline.name, "dag_id": pipeline.dag_id, "replay_dag_id": pipeline.replay_dag_id,
         "topics": pipeline.topics_label, "tables": list(pipeline.tables), "schedule": pipeline.schedule,
         "plan_by": pipeline.plan_by, "on_data_loss": pipeline.on_data_loss,
     }
@@ -122,37 +122,37 @@ class _PipelineError(Exception):
     """A per-pipeline failure, its message fit for the page."""
 
 
-def _overview_of(pipeline) -> dict:
+def _overview_of(pipelines: list) -> list[dict]:
+    """The overview's rows of pipelines that share their Postgres and Kafka connections: one session and
+    one Kafka client for them all (inspection.overview)."""
     from kafka_batch.core import inspection
 
-    row = {**_describe(pipeline), "error": None, "kafka_error": None, "lag": None, "oldest_unread_at": None,
-           "partitions": None, "alerts": pipeline.alerts.model_dump(exclude_none=True), "behind": []}
+    rows = {p.name: {**_describe(p), "error": None, "kafka_error": None, "lag": None, "oldest_unread_at": None,
+                     "partitions": None, "partitions_behind": None,
+                     "alerts": p.alerts.model_dump(exclude_none=True), "behind": []} for p in pipelines}
     conns: list = []
     try:
-        services = _opened(pipeline, conns)
+        services = _opened(pipelines[0], conns)
     except _PipelineError as exc:
-        return {**row, "error": str(exc)}
+        return [{**row, "error": str(exc)} for row in rows.values()]
     try:
         inspection.check_schema(services.conn)
-        row.update(inspection.summary(services.conn, pipeline.name))
-        try:
-            parts = inspection.partitions(services.conn, services.kafka, services.kafka_config, pipeline,
-                                          timeout=KAFKA_TIMEOUT_SECONDS)
-        except Exception as exc:
-            log.warning("console: pipeline %s: Kafka: %s", pipeline.name, exc)
-            row["kafka_error"] = _error(exc, conns)
-        else:
-            row["partitions"] = len(parts)
-            row["lag"] = sum(p["lag"] for p in parts)
-            times = [p["oldest_unread_at"] for p in parts if p["oldest_unread_at"] is not None]
-            row["oldest_unread_at"] = min(times) if times else None
-            row["behind"] = pipeline.alerts.breaches(row["lag"], row["oldest_unread_at"], datetime.now(UTC))
+        for line in inspection.overview(services.conn, services.kafka, services.kafka_config, pipelines,
+                                        timeout=KAFKA_TIMEOUT_SECONDS):
+            row = rows[line.pop("pipeline").name]
+            failed = {key: line.pop(key) for key in ("error", "kafka_error")}
+            row.update(line)
+            for key, exc in failed.items():
+                if exc is not None:
+                    log.warning("console: pipeline %s: %s", row["name"], exc)
+                    row[key] = _error(exc, conns)
     except Exception as exc:
-        log.warning("console: pipeline %s: %s", pipeline.name, exc)
-        row["error"] = _error(exc, conns)
+        log.warning("console: pipelines %s: %s", ", ".join(rows), exc)
+        for row in rows.values():
+            row["error"] = _error(exc, conns)
     finally:
         services.close()
-    return row
+    return list(rows.values())
 
 
 def _commands(pipeline, topic: str, partition: int, from_offset: int, until_offset: int) -> dict:
@@ -239,23 +239,38 @@ def _ledger(pipeline, topic: str, partition: int, limit: int) -> list[dict]:
 
 def create_app():
     """The FastAPI app; every route depends on an authenticated Airflow user."""
-    from airflow.api_fastapi.core_api.security import requires_authenticated
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.core_api.security import get_user, requires_authenticated
     from fastapi import Depends, FastAPI, HTTPException, Query
     from fastapi.responses import FileResponse, HTMLResponse
 
-    from kafka_batch.config import load_pipelines
+    from kafka_batch.config import invalid_dag_id, load_pipelines
 
     app = FastAPI(title="kafka-batch console", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(requires_authenticated())])
 
-    def pipelines() -> tuple[dict, dict]:
-        invalid: dict[str, str] = {}
-        return load_pipelines(invalid=invalid), invalid
+    # The user, as a default rather than an annotation (this module's annotations are strings FastAPI
+    # would resolve in the module's globals).
+    the_user = Depends(get_user)
 
-    def one(name: str):
-        found, _ = pipelines()
+    def readable(user, dag_ids: set[str]) -> set[str]:
+        """The DAGs Airflow's auth manager lets this user read (per DAG, as Airflow's own DAG list)."""
+        return get_auth_manager().filter_authorized_dag_ids(dag_ids=dag_ids, user=user, method="GET")
+
+    def pipelines(user) -> tuple[dict, dict]:
+        """The pipelines and invalid files whose DAGs the user may read."""
+        invalid: dict[str, str] = {}
+        found = load_pipelines(invalid=invalid)
+        allowed = readable(user, {p.dag_id for p in found.values()} | {invalid_dag_id(f) for f in invalid})
+        return ({name: p for name, p in found.items() if p.dag_id in allowed},
+                {f: e for f, e in invalid.items() if invalid_dag_id(f) in allowed})
+
+    def one(name: str, user):
+        found = load_pipelines(invalid={})
         if name not in found:
             raise HTTPException(status_code=404, detail=f"no pipeline named {name!r}")
+        if not readable(user, {found[name].dag_id}):
+            raise HTTPException(status_code=403, detail=f"you may not read DAG {found[name].dag_id}")
         return found[name]
 
     @app.get("/", response_class=HTMLResponse)
@@ -269,24 +284,29 @@ def create_app():
         return FileResponse(STATIC / name, media_type=STATIC_FILES[name])
 
     @app.get("/api/overview")
-    def overview() -> dict:
-        found, invalid = pipelines()
+    def overview(user=the_user) -> dict:
+        found, invalid = pipelines(user)
+        groups: dict[tuple[str, str], list] = {}
+        for pipeline in found.values():
+            groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
         with ThreadPoolExecutor(max_workers=4) as pool:
-            rows = list(pool.map(_overview_of, found.values()))
-        return {"pipelines": rows, "invalid_files": [{"file": Path(f).name, "error": scrub(e)} for f, e in invalid.items()]}
+            by_name = {row["name"]: row for rows in pool.map(_overview_of, groups.values()) for row in rows}
+        return {"pipelines": [by_name[name] for name in found], "invalid_files": [{"file": Path(f).name, "error": scrub(e)} for f, e in invalid.items()]}
 
     @app.get("/api/pipelines/{name}")
-    def detail(name: str, limit: int = Query(20, ge=1, le=MAX_LIMIT)) -> dict:
+    def detail(name: str, user=the_user, limit: int = Query(20, ge=1, le=MAX_LIMIT)) -> dict:
+        pipeline = one(name, user)
         try:
-            return _detail(one(name), limit)
+            return _detail(pipeline, limit)
         except _PipelineError as exc:
-            return {"pipeline": _describe(one(name)), "error": str(exc)}
+            return {"pipeline": _describe(pipeline), "error": str(exc)}
 
     @app.get("/api/pipelines/{name}/ledger")
-    def ledger(name: str, topic: str, partition: int = Query(..., ge=0),
+    def ledger(name: str, topic: str, user=the_user, partition: int = Query(..., ge=0),
                limit: int = Query(100, ge=1, le=MAX_LIMIT)) -> dict:
+        pipeline = one(name, user)
         try:
-            return {"topic": topic, "partition": partition, "ranges": _ledger(one(name), topic, partition, limit)}
+            return {"topic": topic, "partition": partition, "ranges": _ledger(pipeline, topic, partition, limit)}
         except _PipelineError as exc:
             return {"topic": topic, "partition": partition, "error": str(exc), "ranges": []}
 

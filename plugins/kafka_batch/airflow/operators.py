@@ -5,8 +5,8 @@ Its outlets are one Asset per sink table, named `kafka_batch.<table>`, and per t
 publishes to, `kafka_batch.topic.<topic>` (`sink_assets`): a DAG scheduled on
 `Asset("kafka_batch.page_view_minutes")` runs after each batch that changed that table. Airflow
 records an outlet event whenever the task succeeds, so the task succeeds only when the batch really
-committed now; a replay's dry run (preview) ends `skipped`, and empty plans, dry runs and batches
-committed before never reach this task (`has_work`). With OpenLineage on, a commit's lineage (the
+committed now; a replay's dry run (preview) ends `skipped`, and so does the task, before it starts Spark,
+for an empty plan, a dry run or a batch committed before. With OpenLineage on, a commit's lineage (the
 topics and exact ranges read, the tables and topics written: kafka_batch.airflow.lineage) goes to the
 catalog.
 """
@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundExceptio
 
 from kafka_batch import connections
 from kafka_batch.config import Pipeline
+from kafka_batch.core.state import RUNNABLE
 from kafka_batch.errors import KafkaBatchError
 from kafka_batch.observability import metrics
 from kafka_batch.spark.execution import batch_execution
@@ -32,19 +33,23 @@ class BatchSparkSubmitOperator(BaseOperator):
     (bad data, a lost race, data loss) fail the task without Airflow retries.
     """
 
-    template_fields = ("batch_id", "mode")
+    template_fields = ("batch_id", "plan_status", "mode")
     ui_color = "#e8f4fe"
 
-    def __init__(self, *, pipeline: Pipeline, batch_id: str, mode: str = "commit", **kwargs) -> None:
+    def __init__(self, *, pipeline: Pipeline, batch_id: str, plan_status: str, mode: str = "commit",
+                 **kwargs) -> None:
         kwargs.setdefault("outlets", sink_assets(pipeline))
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.batch_id = batch_id
+        self.plan_status = plan_status
         self.mode = mode
         self._execution = None
         self._lineage = None  # a commit's, when OpenLineage is on (kafka_batch.airflow.lineage): no secret in it
 
     def execute(self, context) -> None:
+        if self.plan_status not in RUNNABLE:  # an empty plan, a dry run, a batch committed before
+            raise AirflowSkipException(f"nothing to execute: the plan is {self.plan_status}")
         postgres = connections.from_airflow(self.pipeline.connections.postgres)
         kafka = connections.from_airflow(self.pipeline.connections.kafka)
         try:

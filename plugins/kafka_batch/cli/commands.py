@@ -27,7 +27,7 @@ from confluent_kafka import KafkaException
 from tabulate import tabulate
 
 from kafka_batch import connections
-from kafka_batch.config import load_pipeline, optional_time_ms
+from kafka_batch.config import load_pipeline, load_pipelines, optional_time_ms
 from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import InputError, KafkaBatchError, ServiceError, UnsafeBroker, one_line
@@ -326,6 +326,8 @@ def _announce_rewind(conn, pipeline, moves) -> None:
 
 
 def cmd_status(args) -> int:
+    if args.all:
+        return _status_all(args)
     pipeline = load_pipeline(args.pipeline)
     alerts = pipeline.alerts
     if args.check and alerts.max_lag_records is None and alerts.max_lag_seconds is None:
@@ -379,6 +381,60 @@ def cmd_status(args) -> int:
         print(f"kafka-batch: pipeline {pipeline.name} is behind: {'; '.join(breaches)}", file=sys.stderr)
         return BEHIND
     return 0
+
+
+def _status_all(args) -> int:
+    """Every pipeline of the folder, a line each (the console's overview, inspection.overview): pipelines
+    that share their Postgres and Kafka connections share one session and one client, and the oldest
+    unread record is asked only where alerts bound its age. A pipeline whose services fail, or whose
+    file is invalid, gets its error on its line; with --check, any problem or pipeline behind exits BEHIND."""
+    invalid: dict[str, str] = {}
+    groups: dict[tuple[str, str], list] = {}
+    for pipeline in load_pipelines(invalid=invalid).values():
+        groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
+    lines = []
+    for pipelines in groups.values():
+        try:
+            conn, kafka = _services(pipelines[0])
+        except (KafkaBatchError, psycopg2.Error, KafkaException) as exc:
+            lines += [{"pipeline": p, "error": exc} for p in pipelines]
+            continue
+        try:
+            database.apply_migrations(conn)  # as `status` of one pipeline does
+            lines += inspection.overview(conn, kafka, _kafka_config(pipelines[0]), pipelines, oldest_unread=False)
+        finally:
+            conn.close()
+    lines = [{**line, "pipeline": line["pipeline"].name, "topics": line["pipeline"].topics_label,
+              "error": next((one_line(e) for e in (line.get("error"), line.get("kafka_error")) if e), None)}
+             for line in lines]
+    lines.sort(key=lambda line: line["pipeline"])
+    lines += [{"pipeline": None, "file": path, "error": f"invalid pipeline file: {error}"}
+              for path, error in invalid.items()]
+    if args.json:
+        print(json.dumps({"pipelines": lines}, indent=2, default=str))
+    else:
+        print(tabulate([_status_line(line) for line in lines],
+                       headers=["pipeline", "topics", "partitions", "lag", "behind", "last batch", "last commit",
+                                "needs a look"]))
+    needing = sum(1 for line in lines if line["error"] or line.get("behind"))
+    if args.check and needing:
+        print(f"kafka-batch: {needing} pipeline(s) need a look", file=sys.stderr)
+        return BEHIND
+    return 0
+
+
+def _status_line(line: dict) -> tuple:
+    if line["pipeline"] is None:
+        return (f"({Path(line['file']).name})", "-", "-", "-", "-", "-", "-", line["error"])
+    last = line.get("last_batch")
+    problems = [line["error"]] if line["error"] else []
+    problems += line.get("behind") or []
+    problems += [f"{line[key]} {what}" for key, what in (("failed_batches", "failed batches"),
+                 ("data_loss", "data losses"), ("quarantined", "quarantined")) if line.get(key)]
+    committed = line.get("last_commit_at")
+    return (line["pipeline"], line["topics"], line.get("partitions", "-"), line.get("lag", "-"),
+            line.get("partitions_behind", "-"), "-" if last is None else f"{last['id']} {last['status']}",
+            "-" if committed is None else committed.strftime("%Y-%m-%d %H:%M:%S"), "; ".join(problems) or "-")
 
 
 def cmd_fence(args) -> int:
@@ -504,7 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("status", help="per topic: lag and the partitions most behind; per partition: position, last"
                                       " stable offset, lag, last batch")
-    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pipeline", help=PIPELINE_HELP)
+    which.add_argument("--all", action="store_true",
+                       help="every pipeline, a line each: lag, partitions behind, last batch and what needs a look")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--partitions", action="store_true",
                    help=f"list every partition (shown anyway for at most {SHOWN_PARTITIONS})")

@@ -43,8 +43,9 @@ def _rows(cur, statement: str, params: tuple) -> list[dict]:
 
 
 def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline,
-               timeout: float = 5.0) -> list[dict]:
-    """Per partition: position, log start, last stable offset, lag and the oldest unread record's time.
+               timeout: float = 5.0, oldest_unread: bool = True) -> list[dict]:
+    """Per partition: position, log start, last stable offset, lag and the oldest unread record's time
+    (None without `oldest_unread`: it costs a fetch per partition behind).
 
     A partition without a stored position shows where it will begin (`stored` false).
     """
@@ -56,7 +57,7 @@ def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline
                     (pipeline.name,))
         moved = {(t, p): (b, u) for t, p, b, u in cur.fetchall()}
     lagging = {(s.topic, s.partition): s.position for s in states if s.last_stable > s.position}
-    oldest = first_timestamps(kafka_config, lagging, timeout=timeout)
+    oldest = first_timestamps(kafka_config, lagging, timeout=timeout) if oldest_unread else {}
     result = []
     for s in states:
         tp = (s.topic, s.partition)
@@ -69,6 +70,69 @@ def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline
             "last_batch_id": batch_id, "updated_at": updated_at,
         })
     return result
+
+
+def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipeline], timeout: float = 5.0,
+             oldest_unread: bool = True) -> list[dict]:
+    """A line per pipeline, for pipelines that share this Postgres and this Kafka: its bookkeeping
+    (`summary`) and its partitions behind (`behind`), with `error` (Postgres) or `kafka_error` (the
+    exception) instead where they failed, the others' lines unharmed.
+
+    The oldest unread record of every pipeline's partitions behind is asked in one fetch for them all
+    (without `oldest_unread`: only where a pipeline's alerts bound its age). One consumer per pipeline
+    made the console's overview of 200 pipelines take a minute.
+    """
+    lines = []
+    for pipeline in pipelines:
+        line: dict = {"pipeline": pipeline, "error": None, "kafka_error": None, "parts": None}
+        try:
+            line.update(summary(conn, pipeline.name))
+            try:
+                line["parts"] = partitions(conn, kafka, kafka_config, pipeline, timeout, oldest_unread=False)
+            except Exception as exc:  # Kafka's answer (the bookkeeping above is still worth showing)
+                line["kafka_error"] = exc
+        except Exception as exc:
+            line["error"] = exc
+        lines.append(line)
+    asked = [line for line in lines if line["parts"]
+             and (oldest_unread or line["pipeline"].alerts.max_lag_seconds is not None)]
+    oldest = _oldest_unread(kafka_config, [p for line in asked for p in line["parts"] if p["lag"]], timeout)
+    now = datetime.now(UTC)
+    for line in lines:
+        parts = line.pop("parts")
+        if parts is not None:
+            for p in parts:
+                p["oldest_unread_at"] = oldest.get((p["topic"], p["partition"], p["position"]))
+            line.update(behind(line["pipeline"], parts, now))
+    return lines
+
+
+def _oldest_unread(kafka_config: dict, parts: list[dict], timeout: float) -> dict[tuple[str, int, int], datetime]:
+    """The first committed record's time at each (topic, partition, position), in as few fetches as the
+    positions allow (pipelines reading one partition from two positions need two)."""
+    rounds: list[dict[tuple[str, int], int]] = []
+    for p in parts:
+        tp = (p["topic"], p["partition"])
+        free = next((r for r in rounds if r.get(tp, p["position"]) == p["position"]), None)
+        if free is None:
+            rounds.append(free := {})
+        free[tp] = p["position"]
+    found = {}
+    for positions_ in rounds:
+        for (topic, partition), ts in first_timestamps(kafka_config, positions_, timeout=timeout).items():
+            if ts is not None:
+                found[topic, partition, positions_[topic, partition]] = datetime.fromtimestamp(ts / 1000, UTC)
+    return found
+
+
+def behind(pipeline: Pipeline, parts: list[dict], now: datetime) -> dict:
+    """An overview's line for a pipeline's partitions (`partitions`' rows): how many, the lag, how many
+    are behind, the oldest unread record and what is over the pipeline's alerts."""
+    times = [p["oldest_unread_at"] for p in parts if p["oldest_unread_at"] is not None]
+    lag = sum(p["lag"] for p in parts)
+    oldest = min(times) if times else None
+    return {"partitions": len(parts), "lag": lag, "partitions_behind": sum(1 for p in parts if p["lag"]),
+            "oldest_unread_at": oldest, "behind": pipeline.alerts.breaches(lag, oldest, now)}
 
 
 def summary(conn, pipeline_name: str) -> dict:

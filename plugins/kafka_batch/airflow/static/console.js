@@ -46,8 +46,10 @@ const runLink = (dagId, runId) => (dagId
 
 async function getJSON(url) {
   const response = await fetch(url, {credentials: "same-origin", headers: {Accept: "application/json"}});
-  if (response.status === 401 || response.status === 403) {
-    throw new Error("Not logged in to Airflow (HTTP " + response.status + "): log in, then reload this page.");
+  if (response.status === 401) throw new Error("Not logged in to Airflow (HTTP 401): log in, then reload this page.");
+  if (response.status === 403) {  // Airflow's auth manager does not let this user read the pipeline's DAG
+    const body = await response.json().catch(() => ({}));
+    throw new Error("Not allowed (HTTP 403): " + (body.detail || "you may not read this pipeline's DAG") + ".");
   }
   if (!response.ok) throw new Error("HTTP " + response.status + " for " + url);
   return response.json();
