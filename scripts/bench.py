@@ -181,7 +181,7 @@ class Env:
         limit on a batch's size."""
         definition = yaml.safe_load((PROJECT_ROOT / "pipelines" / f"{sample}.yaml").read_text())
         name = f"{self.prefix}_{name}"
-        definition.update(name=name, topics=[topic], schedule=None)
+        definition.update(name=name, topics=topic if isinstance(topic, dict) else [topic], schedule=None)
         definition["connections"]["spark"] = spark
         definition["limits"] = {**definition.get("limits", {}), "max_records_per_partition": 10**9,
                                 "max_records_per_batch": 10**9, **limits}
@@ -1472,7 +1472,8 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
     """Issue 55's many partitions, on Spark Connect (warmed up): a 1,000-record batch and a --scale-records
-    (1M) batch over --many (1,000) partitions against the same over 4, the commit phase of the big ones
+    (1M) batch over --many (1,000) partitions against the same over 4 (and the big one over a regex
+    subscription to 20 topics of --many/20 partitions, reported beside), the commit phase of the big ones
     (every position and ledger row moved in a few statements), and what `status` and the console's
     pipeline page take for the wide pipeline with every partition behind (before its batch runs)."""
     from kafka_batch.core import inspection, report
@@ -1483,6 +1484,13 @@ def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
             topic = topics[size, partitions] = f"{env.prefix}_scale_{size}_{partitions}"
             sample_data.ensure_topic(env.kafka, topic, partitions)
             produce_per_partition(env.kafka, topic, partitions, max(1, records // partitions), seed=3)
+    # The same big batch over a regex subscription: 20 topics of --many/20 partitions.
+    pattern = f"{env.prefix}_scale_pattern_[0-9]+"
+    for n in range(20):
+        topic = f"{env.prefix}_scale_pattern_{n:02}"
+        sample_data.ensure_topic(env.kafka, topic, max(1, args.many // 20))
+        produce_per_partition(env.kafka, topic, max(1, args.many // 20),
+                              max(1, args.scale_records // args.many), seed=4 + n)
     warm_up(env, lambda i: env.pipeline(f"scale_warm_{i}", topics["small", 4], CONNECT))
     runs: dict[tuple, list[dict]] = defaultdict(list)
     status_s, page_s = [], []
@@ -1504,6 +1512,10 @@ def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
                     conn.close()
             runs[size, partitions].append(spark_run(env, pipeline, batch, f"{batch.span:,} records over {partitions}"
                                                                            " partitions, Spark Connect"))
+        pipeline = env.pipeline(f"scale_pattern_{i}", {"pattern": pattern}, CONNECT)
+        batch = env.plan(pipeline)
+        runs["pattern", args.many].append(spark_run(env, pipeline, batch, f"{batch.span:,} records over 20 topics"
+                                                                          f" of {args.many // 20} partitions, Spark Connect"))
     best = {key: min(found, key=lambda r: r["seconds"]) for key, found in runs.items()}
     commit = {partitions: min(r["phases"].get("commit", float("nan")) for r in runs["big", partitions])
               for partitions in (args.many, 4)}

@@ -68,6 +68,37 @@ def test_a_topic_of_200_partitions_totals_and_publishes_every_committed_record_o
     assert len([line for line in listed if line.startswith(topic)]) == 1 + PARTITIONS
 
 
+def test_a_pattern_over_20_topics_totals_and_publishes_every_committed_record_once(services):
+    """A regex subscription over 20 topics of 10 partitions (the bench reads 20 of 50): every topic's
+    records counted once in the totals and published once, and `status` sums up each topic."""
+    prefix = f"pat{uuid.uuid4().hex[:8]}"
+    topics = [f"{prefix}_{n:02}" for n in range(20)]
+    for n, topic in enumerate(topics):
+        create_topic(topic, 10)
+        sample_data.produce_page_views(kafka_config(), topic, 60 + n, seed=200 + n)
+    output = f"{prefix}out"  # outside the pattern
+    create_topic(output, 4)
+    pipeline = new_pipeline("pattern", partitions=0, topics={"pattern": f"{prefix}_[0-9]+"},
+                            sinks={"kafka": {"topic": output, "value": {"page": "page"}}})
+    run_cli("run", "--pipeline", pipeline.name)
+
+    truth: Counter = Counter()
+    durations: Counter = Counter()
+    for topic in topics:
+        for key, (views, duration) in ground_truth(topic).items():
+            truth[key] += views
+            durations[key] += duration
+    assert table_contents(pipeline) == {key: (truth[key], durations[key]) for key in truth}
+    valid = [f"{topic}:{m.partition()}:{m.offset()}" for topic in topics
+             for m in _committed_messages(topic, list(range(10))) if m.value() is not None]
+    published = [dict((k, v.decode()) for k, v in m.headers())["kafka_batch.source"]
+                 for m in _committed_messages(output, list(range(4)))]
+    assert Counter(published) == Counter(dict.fromkeys(valid, 1)) and len(valid) == sum(60 + n for n in range(20))
+
+    status = json.loads(run_cli("status", "--pipeline", pipeline.name, "--json").stdout)
+    assert sorted((t["topic"], t["partitions"], t["lag"]) for t in status["topics"]) == [(t, 10, 0) for t in topics]
+
+
 def test_an_upsert_over_200_partitions_keeps_each_keys_latest_record(services):
     pipeline = upsert_pipeline("wide_upsert", partitions=PARTITIONS)
     topic = pipeline.topics[0]

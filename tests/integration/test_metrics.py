@@ -107,6 +107,13 @@ def test_a_cli_batch_sends_the_ledgers_counts_and_the_lag_kafka_shows(services, 
         age = _one(points, "kafka_batch.lag.seconds", **where)
         written = dict(records)[position] / 1000  # a page view: the batch stopped inside them
         assert before - written - 1 <= age <= after - written + 1
+    # And per topic, first: the sum over its partitions, the oldest of their ages, how many are behind.
+    where = {"pipeline": pipeline.name, "topic": topic}
+    assert _one(points, "kafka_batch.topic.lag.records", **where) == sum(
+        ends[p] - stored.get((topic, p), 0) for p in topic_records)
+    assert _one(points, "kafka_batch.topic.lag.seconds", **where) == max(
+        _one(points, "kafka_batch.lag.seconds", **where, partition=p) for p in topic_records)
+    assert _one(points, "kafka_batch.topic.partitions_behind", **where) == len(topic_records)
 
 
 def test_a_publishing_batch_sends_its_messages_per_topic_and_its_publish_time(services):

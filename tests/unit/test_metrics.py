@@ -51,9 +51,19 @@ def test_the_lags_age_is_the_oldest_unread_records_and_zero_when_nothing_is_unre
     points = metrics.lag_points("p", [
         {"topic": "t", "partition": 0, "lag": 5, "oldest_unread_at": now - timedelta(seconds=30)},
         {"topic": "t", "partition": 1, "lag": 0, "oldest_unread_at": None},
+        {"topic": "u", "partition": 0, "lag": 2, "oldest_unread_at": now - timedelta(seconds=50)},
+        {"topic": "t", "partition": 2, "lag": 3, "oldest_unread_at": now - timedelta(seconds=10)},
     ], now)
-    assert [(p.name, p.tags["partition"], p.value) for p in points] == [
-        ("lag.records", "0", 5), ("lag.seconds", "0", 30), ("lag.records", "1", 0), ("lag.seconds", "1", 0)]
+    # Per topic first: the sum of its lags, its oldest unread record, its partitions behind.
+    assert [(p.name, p.tags, p.value) for p in points[:6]] == [
+        ("topic.lag.records", {"pipeline": "p", "topic": "t"}, 8), ("topic.lag.seconds", {"pipeline": "p", "topic": "t"}, 30),
+        ("topic.partitions_behind", {"pipeline": "p", "topic": "t"}, 2),
+        ("topic.lag.records", {"pipeline": "p", "topic": "u"}, 2), ("topic.lag.seconds", {"pipeline": "p", "topic": "u"}, 50),
+        ("topic.partitions_behind", {"pipeline": "p", "topic": "u"}, 1)]
+    assert [(p.name, p.tags["topic"], p.tags["partition"], p.value) for p in points[6:]] == [
+        ("lag.records", "t", "0", 5), ("lag.seconds", "t", "0", 30), ("lag.records", "t", "1", 0),
+        ("lag.seconds", "t", "1", 0), ("lag.records", "u", "0", 2), ("lag.seconds", "u", "0", 50),
+        ("lag.records", "t", "2", 3), ("lag.seconds", "t", "2", 10)]
 
 
 def test_the_cli_writes_airflows_statsd_lines_with_the_tags_on_them():

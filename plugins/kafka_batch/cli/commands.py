@@ -393,15 +393,18 @@ def _status_all(args) -> int:
     for pipeline in load_pipelines(invalid=invalid).values():
         groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
     lines = []
+    failing = (KafkaBatchError, psycopg2.Error, KafkaException)
     for pipelines in groups.values():
         try:
             conn, kafka = _services(pipelines[0])
-        except (KafkaBatchError, psycopg2.Error, KafkaException) as exc:
+        except failing as exc:
             lines += [{"pipeline": p, "error": exc} for p in pipelines]
             continue
         try:
             database.apply_migrations(conn)  # as `status` of one pipeline does
             lines += inspection.overview(conn, kafka, _kafka_config(pipelines[0]), pipelines, oldest_unread=False)
+        except failing as exc:  # the group's Postgres (each pipeline's own failures are on its line already)
+            lines += [{"pipeline": p, "error": exc} for p in pipelines]
         finally:
             conn.close()
     lines = [{**line, "pipeline": line["pipeline"].name, "topics": line["pipeline"].topics_label,

@@ -293,7 +293,11 @@ def first_timestamps(config: dict[str, Any], positions: dict[tuple[str, int], in
     if not positions:
         return {}
     found: dict[tuple[str, int], int | None] = dict.fromkeys(positions)
-    settings = reader_config({**config, "fetch.max.bytes": 1_048_576, "max.partition.fetch.bytes": 65_536})
+    # One record a partition is all it needs, so little a partition and much a fetch: 16 KB a partition in
+    # fetches of 16 MB asks a thousand partitions in one or two fetches (0.3 s), where 64 KB in 1 MB took
+    # 1.1 s. Less a partition is slower: a record batch bigger than that comes back partial, and the
+    # client asks again with twice the size (1 KB: 3.9 s).
+    settings = reader_config({**config, "fetch.max.bytes": 16_777_216, "max.partition.fetch.bytes": 16_384})
     consumer = Consumer({**settings, **({} if committed else {"isolation.level": "read_uncommitted"})})
     pending = set(positions)
     try:
