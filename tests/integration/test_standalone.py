@@ -1,12 +1,15 @@
 """Batches on a real Spark standalone cluster: a master and two workers started from the installed
 Spark distribution on loopback, the job submitted in client mode to `spark://` with the package
-shipped by `--py-files` (as in docker-compose), results compared with the topic read independently."""
+shipped by `--py-files` (as in docker-compose), and through a Spark Connect server whose executors run
+on the cluster's workers (the package travels as a session artifact); results compared with the topic
+read independently."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -31,6 +34,14 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 WORKERS = 2
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _master_state(ui_port: int) -> dict:
@@ -94,3 +105,39 @@ def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_pa
         assert len(ours) == 2 and ours <= {a["name"] for a in apps}, apps
         executors = [path for n in range(WORKERS) for path in (tmp_path / f"worker{n}").rglob("stderr")]
         assert executors, "no executor ran on the workers"
+
+
+def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_workers(services, tmp_path, monkeypatch):
+    """A Spark Connect server with `--master spark://...`: its executors on both workers read the batch's
+    tasks, and the tables equal the ground truth."""
+    with standalone_cluster(tmp_path) as (master, ui):
+        port = free_port()
+        command, env = local_stack.spark_connect_server(port, master)
+        with open(tmp_path / "spark-connect.log", "ab") as log:
+            server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while not _answers(port):
+                assert server.poll() is None and time.monotonic() < deadline, f"no Spark Connect server; {tmp_path}"
+                time.sleep(1)
+            monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_CLUSTER",
+                               json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port}))
+            pipeline = new_pipeline("standalone_connect", partitions=4, rows=True,
+                                    connections={"spark": "spark_connect_cluster"},
+                                    limits={"max_records_per_task": 500, "min_tasks": 4})
+            topic = pipeline.topics[0]
+            for seed in (3, 4):
+                sample_data.produce_page_views(kafka_config(), topic, 2000, seed=seed)
+                run_cli("run", "--pipeline", pipeline.name)
+                assert table_contents(pipeline) == ground_truth(topic)
+                assert rows_contents(pipeline) == rows_truth(topic)
+            # The server is the cluster's application, and its executor on each worker ran read tasks.
+            apps = _master_state(ui).get("activeapps", [])
+            assert [a["name"] for a in apps] == ["kafka_batch Spark Connect"], apps
+            for n in range(WORKERS):
+                logs = "".join(path.read_text() for path in (tmp_path / f"worker{n}").rglob("stderr"))
+                assert "Running task" in logs, f"no task ran on worker {n}"
+        finally:
+            pids = {server.pid}
+            left = local_stack.stop_processes(pids, pids, [(signal.SIGTERM, 30.0), (signal.SIGKILL, local_stack.KILL_WAIT)])
+            assert not left, f"the Spark Connect server survived SIGKILL: {left}"

@@ -443,15 +443,14 @@ SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SPARK_CONNECT = "the Spark Connect server"
 
 
-def start_spark_connect(base: Path, state: dict) -> None:
-    """A Spark Connect server in local mode on loopback, with the settings spark-submit gives every
-    batch (kafka_batch.spark.submit.SPARK_CONF), for pipelines whose Spark connection is
-    `spark_connect_default`; its Python workers fork from a daemon with the read's libraries imported.
-    Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make bench`
-    runs them beside the pipeline on this server."""
+def spark_connect_server(port: int, master: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a Spark Connect server on loopback, in local mode on every core (or
+    on `master`, a cluster's), with the settings spark-submit gives every batch
+    (kafka_batch.spark.submit.SPARK_CONF); its Python workers fork from a daemon with the read's libraries
+    imported. Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make
+    bench` runs them beside the pipeline on this server."""
     from kafka_batch.spark.submit import DAEMON_MODULE, SPARK_CONF, spark_environment
 
-    port = state.get("spark_connect_port") or free_port()
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores}  # the job packs at least one read task per core
@@ -462,9 +461,17 @@ def start_spark_connect(base: Path, state: dict) -> None:
               " server's Python workers start from pyspark's own daemon", file=sys.stderr)
     jars = spark_connectors.install(home(), spark_environment())
     command = [str(Path(sys.executable).parent / "spark-submit"), "--class", SPARK_CONNECT_SERVER,
-               "--master", f"local[{cores}]", "--name", "kafka_batch Spark Connect", "--jars", ",".join(map(str, jars)),
+               "--master", master or f"local[{cores}]", "--name", "kafka_batch Spark Connect",
+               "--jars", ",".join(map(str, jars)),
                *[arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]]
-    env = {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    return command, {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def start_spark_connect(base: Path, state: dict) -> None:
+    """A Spark Connect server in local mode on loopback (`spark_connect_server`), for pipelines whose Spark
+    connection is `spark_connect_default`."""
+    port = state.get("spark_connect_port") or free_port()
+    command, env = spark_connect_server(port)
     _start_service(base, state, "spark_connect", SPARK_CONNECT, command, port, env, timeout=120)
 
 
