@@ -3,9 +3,9 @@
 Mounted by the plugin (`plugins/kafka_batch_console_plugin.py`) under `/kafka-batch/` and shown in the
 Airflow UI's navigation. Every endpoint needs a user authenticated by Airflow's own auth manager
 (plugin endpoints are not protected by default), and shows a user only the pipelines whose DAG that
-auth manager lets them read: the overview leaves the others out, their endpoints answer 403. Each pipeline is asked with its own connections,
-resolved through Airflow; a pipeline whose Postgres or Kafka does not answer gets its own error
-and the page still loads. Responses never hold a connection detail: messages are scrubbed of the
+auth manager lets them read: the overview leaves the others out, their endpoints answer 403. Each
+pipeline is asked with its own connections, resolved through Airflow; a pipeline whose Postgres or
+Kafka does not answer gets its own error and the page still loads. Responses never hold a connection detail: messages are scrubbed of the
 connections' hosts, logins and secrets. The queries are `kafka_batch.core.inspection`'s (read-only).
 """
 
