@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -34,14 +33,6 @@ from tests.integration.helpers import (
 
 pytestmark = pytest.mark.integration
 WORKERS = 2
-
-
-def _answers(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _master_state(ui_port: int) -> dict:
@@ -111,15 +102,10 @@ def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_work
     """A Spark Connect server with `--master spark://...`: its executors on both workers read the batch's
     tasks, and the tables equal the ground truth."""
     with standalone_cluster(tmp_path) as (master, ui):
-        port = free_port()
-        command, env = local_stack.spark_connect_server(port, master)
-        with open(tmp_path / "spark-connect.log", "ab") as log:
-            server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server: dict = {}  # the server's port and pid, as `kafka-batch local up` keeps them
         try:
-            deadline = time.monotonic() + 180
-            while not _answers(port):
-                assert server.poll() is None and time.monotonic() < deadline, f"no Spark Connect server; {tmp_path}"
-                time.sleep(1)
+            local_stack.start_spark_connect(tmp_path, server, master)
+            port = server["spark_connect_port"]
             monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_CLUSTER",
                                json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port}))
             pipeline = new_pipeline("standalone_connect", partitions=4, rows=True,
@@ -138,6 +124,5 @@ def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_work
                 logs = "".join(path.read_text() for path in (tmp_path / f"worker{n}").rglob("stderr"))
                 assert "Running task" in logs, f"no task ran on worker {n}"
         finally:
-            pids = {server.pid}
-            left = local_stack.stop_processes(pids, pids, [(signal.SIGTERM, 30.0), (signal.SIGKILL, local_stack.KILL_WAIT)])
+            left = local_stack.stop_spark_connect(server)
             assert not left, f"the Spark Connect server survived SIGKILL: {left}"

@@ -467,12 +467,16 @@ def spark_connect_server(port: int, master: str | None = None) -> tuple[list[str
     return command, {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-def start_spark_connect(base: Path, state: dict) -> None:
-    """A Spark Connect server in local mode on loopback (`spark_connect_server`), for pipelines whose Spark
-    connection is `spark_connect_default`."""
+def start_spark_connect(base: Path, state: dict, master: str | None = None) -> None:
+    """A Spark Connect server on loopback (`spark_connect_server`: local mode, or on `master`), for
+    pipelines whose Spark connection is `spark_connect_default`."""
     port = state.get("spark_connect_port") or free_port()
-    command, env = spark_connect_server(port)
+    command, env = spark_connect_server(port, master)
     _start_service(base, state, "spark_connect", SPARK_CONNECT, command, port, env, timeout=120)
+
+
+def stop_spark_connect(state: dict) -> set[int]:
+    return _stop_service(state, "spark_connect", SPARK_CONNECT)
 
 
 def _postmaster_pid(data: Path) -> int | None:
@@ -728,7 +732,7 @@ def down(base: Path | None = None) -> None:
     """Stop every process `up` started and check they are gone; RuntimeError naming any survivor."""
     base = (base or home()).resolve()
     state = read_state(base)
-    left = {"Airflow": stop_airflow(state), SPARK_CONNECT: _stop_service(state, "spark_connect", SPARK_CONNECT),
+    left = {"Airflow": stop_airflow(state), SPARK_CONNECT: stop_spark_connect(state),
             SCHEMA_REGISTRY: stop_schema_registry(state),
             KAFKA: stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:

@@ -245,6 +245,7 @@ def create_app():
     from fastapi.responses import FileResponse, HTMLResponse
 
     from kafka_batch.config import invalid_dag_id, load_pipelines
+    from kafka_batch.core.inspection import sharing_connections
 
     app = FastAPI(title="kafka-batch console", docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(requires_authenticated())])
@@ -286,11 +287,9 @@ def create_app():
     @app.get("/api/overview")
     def overview(user=the_user) -> dict:
         found, invalid = pipelines(user)
-        groups: dict[tuple[str, str], list] = {}
-        for pipeline in found.values():
-            groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
         with ThreadPoolExecutor(max_workers=4) as pool:
-            by_name = {row["name"]: row for rows in pool.map(_overview_of, groups.values()) for row in rows}
+            by_name = {row["name"]: row for rows in pool.map(_overview_of, sharing_connections(found.values()))
+                       for row in rows}
         return {"pipelines": [by_name[name] for name in found], "invalid_files": [{"file": Path(f).name, "error": scrub(e)} for f, e in invalid.items()]}
 
     @app.get("/api/pipelines/{name}")

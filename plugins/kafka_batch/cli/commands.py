@@ -389,12 +389,9 @@ def _status_all(args) -> int:
     unread record is asked only where alerts bound its age. A pipeline whose services fail, or whose
     file is invalid, gets its error on its line; with --check, any problem or pipeline behind exits BEHIND."""
     invalid: dict[str, str] = {}
-    groups: dict[tuple[str, str], list] = {}
-    for pipeline in load_pipelines(invalid=invalid).values():
-        groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
     lines = []
     failing = (KafkaBatchError, psycopg2.Error, KafkaException)
-    for pipelines in groups.values():
+    for pipelines in inspection.sharing_connections(load_pipelines(invalid=invalid).values()):
         try:
             conn, kafka = _services(pipelines[0])
         except failing as exc:

@@ -8,7 +8,7 @@ Airflow's (trigger the replay DAG) or the CLI's: nothing here changes progress.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 
@@ -70,6 +70,14 @@ def partitions(conn, kafka: KafkaOffsets, kafka_config: dict, pipeline: Pipeline
             "last_batch_id": batch_id, "updated_at": updated_at,
         })
     return result
+
+
+def sharing_connections(pipelines: Iterable[Pipeline]) -> list[list[Pipeline]]:
+    """The pipelines grouped by their Postgres and Kafka connections: each group is one `overview`."""
+    groups: dict[tuple[str, str], list[Pipeline]] = {}
+    for pipeline in pipelines:
+        groups.setdefault((pipeline.connections.postgres, pipeline.connections.kafka), []).append(pipeline)
+    return list(groups.values())
 
 
 def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipeline], timeout: float = 5.0,
