@@ -443,17 +443,19 @@ SPARK_CONNECT_SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
 SPARK_CONNECT = "the Spark Connect server"
 
 
-def spark_connect_server(port: int, master: str | None = None) -> tuple[list[str], dict[str, str]]:
+def spark_connect_server(port: int, master: str | None = None,
+                         extra: dict | None = None) -> tuple[list[str], dict[str, str]]:
     """The command and environment of a Spark Connect server on loopback, in local mode on every core (or
     on `master`, a cluster's), with the settings spark-submit gives every batch
-    (kafka_batch.spark.submit.SPARK_CONF); its Python workers fork from a daemon with the read's libraries
-    imported. Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make
+    (kafka_batch.spark.submit.SPARK_CONF) and `extra` over them; its Python workers fork from a daemon
+    with the read's libraries imported. Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make
     bench` runs them beside the pipeline on this server."""
     from kafka_batch.spark.submit import DAEMON_MODULE, SPARK_CONF, spark_environment
 
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores}  # the job packs at least one read task per core
+    conf = {**conf, **(extra or {})}
     if importlib.util.find_spec(DAEMON_MODULE.split(".")[0]) is not None:
         conf["spark.python.daemon.module"] = DAEMON_MODULE
     else:  # an editable install from before the package existed: every worker would fail to start
@@ -467,11 +469,11 @@ def spark_connect_server(port: int, master: str | None = None) -> tuple[list[str
     return command, {**os.environ, **spark_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-def start_spark_connect(base: Path, state: dict, master: str | None = None) -> None:
+def start_spark_connect(base: Path, state: dict, master: str | None = None, extra: dict | None = None) -> None:
     """A Spark Connect server on loopback (`spark_connect_server`: local mode, or on `master`), for
     pipelines whose Spark connection is `spark_connect_default`."""
     port = state.get("spark_connect_port") or free_port()
-    command, env = spark_connect_server(port, master)
+    command, env = spark_connect_server(port, master, extra)
     _start_service(base, state, "spark_connect", SPARK_CONNECT, command, port, env, timeout=120)
 
 

@@ -180,6 +180,38 @@ def batch_tag(batch_id: int) -> str:
     return f"kafka_batch_batch_{batch_id}"
 
 
+def _lane(batch: batches.Batch) -> str:
+    """The batches of which only one can be running for good: a pipeline's batches (planning supersedes
+    every older one not committed), or one replay alone. A batch's attempt may stop the rest of its lane."""
+    return batch.pipeline if batch.kind == "batch" else f"{batch.pipeline}_replay_{batch.id}"
+
+
+def _lane_tag(batch: batches.Batch) -> str:
+    return f"kafka_batch_lane_{_lane(batch)}"
+
+
+def _cached_read_view(batch: batches.Batch) -> str:
+    """The temporary view that names a batch's cached read, one per lane: on a shared Spark Connect session
+    a later attempt finds by this name what a killed one cached."""
+    return f"kafka_batch_read_{_lane(batch)}"
+
+
+def _release_lane(spark, batch: batches.Batch, shares_read: bool) -> None:
+    """What an attempt killed with its process (a lost Airflow worker, a killed CLI) left on the shared
+    Spark Connect session, found by its lane: its operations still running on the server (a Connect
+    execution outlives its client), interrupted, and its cached read, uncached. Whatever they belong to
+    can no longer commit: an earlier attempt of this batch, or a batch this one's plan superseded.
+
+    The uncache is SQL: a Connect server may answer a repeated `spark.catalog` call from its plan cache,
+    which the session's clients share, without running it."""
+    interrupted = spark.interruptTag(_lane_tag(batch))
+    if interrupted:
+        log.warning("batch %s: %d Spark operation(s) of an attempt that can no longer commit were still running on"
+                    " the shared session; interrupted", batch.id, len(interrupted))
+    if shares_read:  # only such a read is cached and named
+        spark.sql(f"UNCACHE TABLE IF EXISTS {_cached_read_view(batch)}")
+
+
 def _cancel(spark, batch_id: int) -> None:
     """Stop the batch's Spark jobs: by its tag on a shared Connect session; all jobs of the
     application under spark-submit, whose application runs this one batch."""
@@ -288,6 +320,9 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
         ranges = _recheck_retention(conn, cluster, policy, batch.ranges)
     finally:
         conn.close()
+    shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
+    if is_connect(spark):
+        _release_lane(spark, batch, shared)
     limits = pipeline.limits
     cores = _parallelism(spark)  # under Spark Connect a round trip: asked once
     pieces = split_for_tasks([r.readable() for r in ranges], limits.max_records_per_task, limits.min_tasks)
@@ -305,9 +340,9 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
         return parse_records(read, pipeline)
 
     records = read_records(tasks)
-    shared = sum(sink.reads_records for sink in pipeline.sinks) > 1
     if shared:
         records = records.persist()  # every sink computes from one read of the topic
+        records.createOrReplaceTempView(_cached_read_view(batch))  # a later batch uncaches it if this attempt dies
 
     def waves():
         """The records again, one read task at a time, for a sink that streams a result as big as the
@@ -322,6 +357,7 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
 
     stage = StageContext(batch.id, attempt, postgres, tasks, publication, waves, cores)
     spark.addTag(batch_tag(batch.id))  # on this thread's operations: the fence watch interrupts only them
+    spark.addTag(_lane_tag(batch))  # and a later batch of the lane, if this attempt dies with its process
     with (_FenceWatch(spark, postgres, batch.id, attempt, pipeline.read.fence_check_seconds) as watch,
           _Progress(batch.id, progress)):
         try:
@@ -349,8 +385,10 @@ def _compute(spark, pipeline: Pipeline, postgres: dict, kafka: dict, decoder, ba
             raise
         finally:
             spark.removeTag(batch_tag(batch.id))
-            if shared:  # under Spark Connect an unpersist is a round trip to the server
+            spark.removeTag(_lane_tag(batch))
+            if shared:  # under Spark Connect round trips to the server
                 records.unpersist()
+                spark.sql(f"DROP VIEW IF EXISTS {_cached_read_view(batch)}")
             progress.close()
     return outputs, read_tasks, quarantined, schema_ids
 
