@@ -10,7 +10,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TI
 
 from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.spark.json_fields import PARSED, JsonFields, field_column
-from kafka_batch.spark.reader import BASE_COLUMNS, VALUE_BYTES, messages_to_arrow
+from kafka_batch.spark.reader import BASE_COLUMNS, VALUE_BYTES, chunks_to_arrow, messages_to_arrow
 
 RANGE = OffsetRange("t", 3, 0, 100, range_id=7)
 WANTED = ("range_id", "topic", "partition", "offset", "timestamp", "timestamp_type")
@@ -35,6 +35,21 @@ def test_timestamps_are_utc_microseconds_with_their_kinds():
     assert got["timestamp_type"] == [TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME]
     assert got["range_id"] == [7, 7] and got["topic"] == ["t", "t"] and got["partition"] == [3, 3]
     assert got["offset"] == [0, 1]
+
+
+def test_chunks_of_many_partitions_make_one_batch_each_record_with_its_own_range():
+    def chunk(topic, partition, offsets, values):
+        return [Message(topic=topic, partition=partition, offset=o, value=v, timestamp=(TIMESTAMP_CREATE_TIME, 1))
+                for o, v in zip(offsets, values, strict=True)]
+
+    chunks = [(OffsetRange("a", 0, 5, 9, range_id=11), chunk("a", 0, [5, 6], [b'{"page": "x"}', b'{"page": "y"}'])),
+              (OffsetRange("b", 4, 0, 3, range_id=12), chunk("b", 4, [0], [b'{"page": "z"}'])),
+              (OffsetRange("a", 0, 5, 9, range_id=11), chunk("a", 0, [7], [b'{"page": "w"}']))]
+    got = chunks_to_arrow(chunks, BASE_COLUMNS, JsonFields({"page": "string"})).to_pydict()
+    assert got["range_id"] == [11, 11, 12, 11]
+    assert got["topic"] == ["a", "a", "b", "a"] and got["partition"] == [0, 0, 4, 0]
+    assert got["offset"] == [5, 6, 0, 7]
+    assert got[field_column("page")] == ["x", "y", "z", "w"] and got[PARSED] == [True] * 4
 
 
 @pytest.mark.parametrize("wanted", [("timestamp",), ("timestamp", "timestamp_type")])

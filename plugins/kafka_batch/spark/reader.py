@@ -100,11 +100,19 @@ def columns_used(expressions: Iterable[str], optional: Iterable[str] = ("timesta
 
 def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str] = ALL_COLUMNS,
                       decoder: Decoder | None = None, values: str = "all") -> pa.RecordBatch:
-    """Columns of consumed records of one range's partition; timestamps in microseconds UTC, null when
-    the record has none. Each column is one pass in C (map over the Message methods); the range's
-    id, topic and partition are constants, never read per record. The decoder's columns follow;
-    `values`: see VALUES."""
+    """Columns of consumed records of one range's partition (`chunks_to_arrow` of one chunk)."""
+    return chunks_to_arrow([(r, messages)], columns, decoder, values)
+
+
+def chunks_to_arrow(chunks: list[tuple[OffsetRange, list[Any]]], columns: Iterable[str] = ALL_COLUMNS,
+                    decoder: Decoder | None = None, values: str = "all") -> pa.RecordBatch:
+    """Columns of consumed records, given as chunks of one range's partition each; timestamps in
+    microseconds UTC, null when the record has none. Each column is one pass in C (map over the Message
+    methods) over all the chunks: a task over many partitions gets chunks of a few records each, and a
+    pass (the JSON parse most) costs a fixed amount besides its records. A chunk's range id, topic and
+    partition are constants, never read per record. The decoder's columns follow; `values`: see VALUES."""
     schema = arrow_schema(columns, decoder, values)
+    messages = chunks[0][1] if len(chunks) == 1 else [m for _, chunk in chunks for m in chunk]
     n = len(messages)
     arrays = []
     payloads = list(map(Message.value, messages))
@@ -119,8 +127,7 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
             arrays.extend(decoded)
             break
         if name in ("range_id", "topic", "partition"):
-            value = {"range_id": r.range_id, "topic": r.topic, "partition": r.partition}[name]
-            arrays.append(pa.repeat(pa.scalar(value, field.type), n))
+            arrays.append(_per_chunk([getattr(r, name) for r, _ in chunks], [len(c) for _, c in chunks], field.type))
         elif name == "timestamp_type":
             arrays.append(pa.array(map(_first, map(Message.timestamp, messages)), pa.int32(), size=n))
         elif name == "timestamp":
@@ -145,6 +152,13 @@ def messages_to_arrow(messages: list[Any], r: OffsetRange, columns: Iterable[str
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _per_chunk(constants: list, counts: list[int], type_: pa.DataType) -> pa.Array:
+    """A column holding each chunk's constant once per record of the chunk."""
+    if len(constants) == 1:
+        return pa.repeat(pa.scalar(constants[0], type_), counts[0])
+    return pa.array(constants, type_).take(np.repeat(np.arange(len(constants)), counts))
+
+
 def _binary(values: list[bytes | None]) -> pa.Array:
     """A binary array from its buffers: four times as fast as from the list (tombstones: the list)."""
     n = len(values)
@@ -166,29 +180,23 @@ def read_task(kafka_config: dict[str, Any], ranges: list[OffsetRange], settings:
               columns: Iterable[str] = ALL_COLUMNS, decoder: Decoder | None = None,
               values: str = "all") -> Iterator[pa.RecordBatch]:
     """The records of one task's ranges (one consumer for all of them) as Arrow batches of about
-    `consume_batch_size` records: the small chunks of many partitions are joined, since every batch
-    costs Spark a fixed amount on its way to the JVM."""
+    `consume_batch_size` records: the small chunks of many partitions make one batch together, since
+    every batch costs its columns' passes, and Spark on its way to the JVM, a fixed amount."""
     columns = tuple(columns)
     size = int(settings["consume_batch_size"])
-    pending: list[pa.RecordBatch] = []
+    pending: list[tuple[OffsetRange, list[Any]]] = []
     rows = 0
     with collector.paused():  # a Message per record, never in a cycle
         for r, messages in read_partitions(
             kafka_config, ranges, size, settings["poll_timeout_seconds"], settings["stall_timeout_seconds"],
         ):
-            pending.append(messages_to_arrow(messages, r, columns, decoder, values))
+            pending.append((r, messages))
             rows += len(messages)
             if rows >= size:
-                yield _joined(pending)
+                yield chunks_to_arrow(pending, columns, decoder, values)
                 pending, rows = [], 0
         if pending:
-            yield _joined(pending)
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+            yield chunks_to_arrow(pending, columns, decoder, values)
 
 
 def _read_tasks(kafka_config: dict[str, Any], tasks: list[list[tuple]], settings: dict[str, float], columns: tuple,
