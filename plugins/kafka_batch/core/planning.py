@@ -253,9 +253,9 @@ def ranges_to_replay(cur, kafka: KafkaOffsets, pipeline: Pipeline, request: Offs
         spans = ", ".join(f"[{p}] {lo}..{hi}" for p, (lo, hi) in bounds.items())
         raise InputError(f"no committed range of {request.topic} overlaps {spans}; nothing to replay")
     refuse_folded(cur, pipeline, replayed, "replay")
-    log_starts = kafka.offsets([(r.topic, r.partition) for r in replayed])
+    log_starts = kafka.log_starts([(r.topic, r.partition) for r in replayed])
     for r in replayed:
-        log_start = log_starts[(r.topic, r.partition)].log_start
+        log_start = log_starts[(r.topic, r.partition)]
         if r.readable().from_offset < log_start:
             raise InputError(
                 f"range {r} cannot be replayed: the earliest available offset of {r.topic}[{r.partition}] is "

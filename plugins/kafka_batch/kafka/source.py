@@ -123,6 +123,11 @@ class KafkaOffsets:
         stable = self._list(partitions, OffsetSpec.latest())
         return {tp: PartitionOffsets(earliest[tp], stable[tp]) for tp in partitions}
 
+    def log_starts(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Where each partition's log begins now (retention and deletions move it): one listing, not `offsets`'
+        two."""
+        return self._list(partitions, OffsetSpec.earliest()) if partitions else {}
+
     def offsets_for_time(self, partitions: list[tuple[str, int]], timestamp_ms: int) -> dict[tuple[str, int], int | None]:
         """First offset whose timestamp is >= timestamp_ms; None where no such record exists yet."""
         found = self._list(partitions, OffsetSpec.for_timestamp(timestamp_ms))

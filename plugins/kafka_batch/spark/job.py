@@ -46,10 +46,10 @@ def _recheck_retention(conn, kafka: KafkaOffsets, on_data_loss: str, ranges) -> 
     Deletion during the read itself surfaces in the reader as DataLossError and fails the attempt;
     the next attempt lands here and sees it.
     """
-    offsets = kafka.offsets([(r.topic, r.partition) for r in ranges])
+    log_starts = kafka.log_starts([(r.topic, r.partition) for r in ranges])
     checked = []
     for r in ranges:
-        now = recheck_retention(r, offsets[(r.topic, r.partition)].log_start, on_data_loss)
+        now = recheck_retention(r, log_starts[(r.topic, r.partition)], on_data_loss)
         if now.lost_until != r.lost_until:
             log.warning("data loss in %s: offsets %s..%s were deleted before they were read; skipping them",
                         r, r.from_offset, now.lost_until)
