@@ -43,8 +43,9 @@ produces the data, plans every batch, then measures (each with the load average 
                   pipeline's rows or messages: Spark's Kafka batch source, an AvailableNow stream and KafkaRDD
                   beside the JSON and Avro jobs; Debezium's JDBC sink beside the upsert; Kafka Streams beside
                   the Kafka sink
-  scale           a 1,000-record and a 1M-record batch over MANY partitions against over 4 (Spark Connect), the
-                  commit of their ranges, and `status` and the console's page for MANY partitions behind
+  scale           a 1,000-record and a 1M-record batch over MANY partitions against over 4 (and 50 and 200:
+                  the curve; Spark Connect), the commit of their ranges, and `status` and the console's page
+                  for MANY partitions behind
   parse           the DAG file over 10 to PIPELINES (200) pipeline files, each with its own table: its own time
                   (Airflow's import not counted) and `airflow dags report`'s (Airflow's DagBag parse)
   concurrent      CONCURRENT (20) pipelines, two a topic, started together on one Spark Connect server and one
@@ -1472,15 +1473,17 @@ def measure_commit(args: argparse.Namespace, env: Env) -> list[tuple]:
 
 def measure_scale(args: argparse.Namespace, env: Env) -> list[tuple]:
     """Issue 55's many partitions, on Spark Connect (warmed up): a 1,000-record batch and a --scale-records
-    (1M) batch over --many (1,000) partitions against the same over 4 (and the big one over a regex
+    (1M) batch over --many (1,000) partitions against the same over 4 (and over 50 and 200 between them,
+    for the curve of time against partitions; the big one also over a regex
     subscription to 20 topics of --many/20 partitions, reported beside), the commit phase of the big ones
     (every position and ledger row moved in a few statements), and what `status` and the console's
     pipeline page take for the wide pipeline with every partition behind (before its batch runs)."""
     from kafka_batch.core import inspection, report
 
     topics = {}
+    curve = sorted({4, *(n for n in (50, 200) if n < args.many), args.many}, reverse=True)  # time by partitions
     for size, records in (("small", args.fixed_records), ("big", args.scale_records)):
-        for partitions in (args.many, 4):
+        for partitions in curve:
             topic = topics[size, partitions] = f"{env.prefix}_scale_{size}_{partitions}"
             sample_data.ensure_topic(env.kafka, topic, partitions)
             produce_per_partition(env.kafka, topic, partitions, max(1, records // partitions), seed=3)
