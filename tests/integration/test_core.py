@@ -30,6 +30,7 @@ from kafka_batch.sinks.base import RangeCounts, SinkOutput
 from kafka_batch.sinks.rows import KEY, rows_to_stage
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
+    admin_client,
     kafka_config,
     new_pipeline,
     pg_connect,
@@ -440,6 +441,8 @@ def test_an_unknown_topic_is_refused_before_anything_is_stored(services):
     conn = store_connection()
     with pytest.raises(InputError, match=rf"topic '{pipeline.topics[0]}' does not exist"):
         planning.plan_batch(conn, KafkaOffsets(kafka_config()), pipeline, run_id="r1")
+    # Asking for it by name did not create it (the broker creates a topic a producer's request names).
+    assert pipeline.topics[0] not in admin_client().list_topics(timeout=30).topics
     assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
     assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
     conn.close()
