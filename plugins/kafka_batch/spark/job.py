@@ -183,7 +183,7 @@ def batch_tag(batch_id: int) -> str:
 def _lane(batch: batches.Batch) -> str:
     """The batches of which only one can be running for good: a pipeline's batches (planning supersedes
     every older one not committed), or one replay alone. A batch's attempt may stop the rest of its lane."""
-    return batch.pipeline if batch.kind == "batch" else f"{batch.pipeline}_replay_{batch.id}"
+    return f"pipeline_{batch.pipeline}" if batch.kind == "batch" else f"replay_{batch.id}"
 
 
 def _lane_tag(batch: batches.Batch) -> str:
