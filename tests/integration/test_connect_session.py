@@ -44,7 +44,7 @@ def _api(ui: int, path: str):
 def _batch_jobs(ui: int, app: str, batch_id: int) -> dict[int, str]:
     """The status of every Spark job the server ran for the batch (its operations carry the batch's tag)."""
     return {job["jobId"]: job["status"] for job in _api(ui, f"applications/{app}/jobs")
-            if any(batch_tag(batch_id) in tag for tag in job.get("jobTags", []))}
+            if any(tag.endswith(batch_tag(batch_id)) for tag in job.get("jobTags", []))}
 
 
 def _reading_cached(ui: int, app: str, pipeline_name: str) -> int | None:
