@@ -90,6 +90,7 @@ def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipe
     (without `oldest_unread`: only where a pipeline's alerts bound its age). One consumer per pipeline
     made the console's overview of 200 pipelines take a minute.
     """
+    kafka = _AskedOnce(kafka, pipelines)
     lines = []
     for pipeline in pipelines:
         line: dict = {"pipeline": pipeline, "error": None, "kafka_error": None, "parts": None}
@@ -113,6 +114,43 @@ def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipe
                 p["oldest_unread_at"] = oldest.get((p["topic"], p["partition"], p["position"]))
             line.update(behind(line["pipeline"], parts, now))
     return lines
+
+
+class _AskedOnce:
+    """The Kafka answers of one overview: each topic's partitions asked once, and the offsets of every
+    pipeline's partitions in one listing, instead of three requests per pipeline (200 pipelines over 20
+    topics ask 20 metadata requests and one listing). A pipeline whose topics fail is asked again alone,
+    so its error is its own."""
+
+    def __init__(self, kafka: KafkaOffsets, pipelines: list[Pipeline]):
+        self._kafka = kafka
+        self._partitions: dict[tuple, list[tuple[str, int]]] = {}
+        self._offsets: dict = {}
+        wanted = set()
+        for pipeline in pipelines:
+            try:
+                wanted.update(self.partitions(pipeline.topics, pipeline.topic_pattern))
+            except Exception:  # noqa: BLE001 - the pipeline's own line says it (asked again there)
+                continue
+        try:
+            self._offsets = kafka.offsets(sorted(wanted))
+        except Exception:  # noqa: BLE001 - each pipeline asks alone, and its line says what failed
+            self._offsets = {}
+
+    def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
+        key = (tuple(topics), pattern)
+        if key not in self._partitions:
+            self._partitions[key] = self._kafka.partitions(topics, pattern)
+        return self._partitions[key]
+
+    def offsets(self, partitions: list[tuple[str, int]]):
+        missing = [tp for tp in partitions if tp not in self._offsets]
+        if missing:
+            self._offsets.update(self._kafka.offsets(missing))
+        return {tp: self._offsets[tp] for tp in partitions}
+
+    def offsets_at_time(self, partitions: list[tuple[str, int]], timestamp_ms: int) -> dict[tuple[str, int], int]:
+        return self._kafka.offsets_at_time(partitions, timestamp_ms)
 
 
 def _oldest_unread(kafka_config: dict, parts: list[dict], timeout: float) -> dict[tuple[str, int, int], datetime]:
