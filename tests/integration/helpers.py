@@ -344,3 +344,28 @@ def committed_records(topic: str) -> list[tuple[int, int, bytes | None, bytes | 
     with a plain read_committed consumer, in offset order per partition."""
     return [(m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1])
             for m in _committed_messages(topic, _partitions(topic))]
+
+
+@contextmanager
+def own_spark_connect(directory: Path, conn_id: str, master: str | None = None,
+                      extra: dict | None = None) -> Iterator[dict]:
+    """A Spark Connect server of the test's own (local_stack's, on `master` if given, `extra` settings over
+    its own), reachable as the connection `conn_id`; its state (port, pid) is yielded, and the server is
+    stopped at the end, checked gone."""
+    from kafka_batch_dev import local_stack
+
+    server: dict = {}
+    variable = f"AIRFLOW_CONN_{conn_id.upper()}"
+    saved = os.environ.get(variable)
+    try:
+        local_stack.start_spark_connect(directory, server, master, extra)
+        os.environ[variable] = json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
+                                           "port": server["spark_connect_port"]})
+        yield server
+    finally:
+        if saved is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = saved
+        left = local_stack.stop_spark_connect(server)
+        assert not left, f"the Spark Connect server survived SIGKILL: {left}"

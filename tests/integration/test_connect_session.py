@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from kafka_batch.spark.job import batch_tag
-from kafka_batch_dev import local_stack, sample_data
+from kafka_batch_dev import sample_data
 from kafka_batch_dev.local_stack import free_port
 from tests.integration.helpers import (
     _committed_messages,
@@ -29,6 +29,7 @@ from tests.integration.helpers import (
     ground_truth,
     kafka_config,
     new_pipeline,
+    own_spark_connect,
     run_cli,
     table_contents,
 )
@@ -55,14 +56,9 @@ def _reading_cached(ui: int, app: str, pipeline_name: str) -> int | None:
     return planned[0][0] if _api(ui, f"applications/{app}/storage/rdd") else None
 
 
-def test_the_next_batch_stops_and_uncaches_what_a_killed_attempt_left_on_the_server(services, tmp_path, monkeypatch):
+def test_the_next_batch_stops_and_uncaches_what_a_killed_attempt_left_on_the_server(services, tmp_path):
     ui = free_port()
-    server: dict = {}
-    try:
-        local_stack.start_spark_connect(tmp_path, server, extra={"spark.ui.enabled": "true", "spark.ui.port": ui})
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_OWN",
-                           json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1",
-                                       "port": server["spark_connect_port"]}))
+    with own_spark_connect(tmp_path, "spark_connect_own", extra={"spark.ui.enabled": "true", "spark.ui.port": ui}):
         output = f"connectkill_{uuid.uuid4().hex[:8]}_out"
         create_topic(output, 1)
         # An aggregate and a Kafka sink: both compute from one cached read. Small tasks make a long run.
@@ -102,6 +98,3 @@ def test_the_next_batch_stops_and_uncaches_what_a_killed_attempt_left_on_the_ser
         assert table_contents(pipeline) == ground_truth(topic)
         published = Counter(json.loads(m.value())["page"] for m in _committed_messages(output, [0]))
         assert published == Counter(json.loads(m.value())["page"] for m in _committed_messages(topic, [0, 1]))
-    finally:
-        left = local_stack.stop_spark_connect(server)
-        assert not left, f"the Spark Connect server survived SIGKILL: {left}"

@@ -25,6 +25,7 @@ from tests.integration.helpers import (
     ground_truth,
     kafka_config,
     new_pipeline,
+    own_spark_connect,
     rows_contents,
     rows_truth,
     run_cli,
@@ -73,6 +74,16 @@ def standalone_cluster(directory: Path):
         assert not left, f"cluster processes survived SIGKILL: {left}"
 
 
+def _two_batches_equal_the_topic(pipeline, records: int, seeds: tuple[int, int]) -> None:
+    """Two batches of `records` new page views each, the tables equal to the topic after each."""
+    topic = pipeline.topics[0]
+    for seed in seeds:
+        sample_data.produce_page_views(kafka_config(), topic, records, seed=seed)
+        run_cli("run", "--pipeline", pipeline.name)
+        assert table_contents(pipeline) == ground_truth(topic)
+        assert rows_contents(pipeline) == rows_truth(topic)
+
+
 def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_path, monkeypatch):
     with standalone_cluster(tmp_path) as (master, ui):
         host, port = master.rsplit(":", 1)
@@ -82,12 +93,7 @@ def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_pa
         pipeline = new_pipeline("standalone", partitions=3, rows=True, spark_submit=True,
                                 connections={"spark": "spark_standalone"},
                                 limits={"max_records_per_task": 700, "min_tasks": 2})
-        topic = pipeline.topics[0]
-        for seed in (1, 2):
-            sample_data.produce_page_views(kafka_config(), topic, 1500, seed=seed)
-            run_cli("run", "--pipeline", pipeline.name)
-            assert table_contents(pipeline) == ground_truth(topic)
-            assert rows_contents(pipeline) == rows_truth(topic)
+        _two_batches_equal_the_topic(pipeline, records=1500, seeds=(1, 2))
 
         # The batches ran on the cluster: the master lists them, and executors ran on the workers.
         state = _master_state(ui)
@@ -101,28 +107,14 @@ def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_pa
 def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_workers(services, tmp_path, monkeypatch):
     """A Spark Connect server with `--master spark://...`: its executors on both workers read the batch's
     tasks, and the tables equal the ground truth."""
-    with standalone_cluster(tmp_path) as (master, ui):
-        server: dict = {}  # the server's port and pid, as `kafka-batch local up` keeps them
-        try:
-            local_stack.start_spark_connect(tmp_path, server, master)
-            port = server["spark_connect_port"]
-            monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_CLUSTER",
-                               json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": port}))
-            pipeline = new_pipeline("standalone_connect", partitions=4, rows=True,
-                                    connections={"spark": "spark_connect_cluster"},
-                                    limits={"max_records_per_task": 500, "min_tasks": 4})
-            topic = pipeline.topics[0]
-            for seed in (3, 4):
-                sample_data.produce_page_views(kafka_config(), topic, 2000, seed=seed)
-                run_cli("run", "--pipeline", pipeline.name)
-                assert table_contents(pipeline) == ground_truth(topic)
-                assert rows_contents(pipeline) == rows_truth(topic)
-            # The server is the cluster's application, and its executor on each worker ran read tasks.
-            apps = _master_state(ui).get("activeapps", [])
-            assert [a["name"] for a in apps] == ["kafka_batch Spark Connect"], apps
-            for n in range(WORKERS):
-                logs = "".join(path.read_text() for path in (tmp_path / f"worker{n}").rglob("stderr"))
-                assert "Running task" in logs, f"no task ran on worker {n}"
-        finally:
-            left = local_stack.stop_spark_connect(server)
-            assert not left, f"the Spark Connect server survived SIGKILL: {left}"
+    with standalone_cluster(tmp_path) as (master, ui), own_spark_connect(tmp_path, "spark_connect_cluster", master):
+        pipeline = new_pipeline("standalone_connect", partitions=4, rows=True,
+                                connections={"spark": "spark_connect_cluster"},
+                                limits={"max_records_per_task": 500, "min_tasks": 4})
+        _two_batches_equal_the_topic(pipeline, records=2000, seeds=(3, 4))
+        # The server is the cluster's application, and its executor on each worker ran read tasks.
+        apps = _master_state(ui).get("activeapps", [])
+        assert [a["name"] for a in apps] == ["kafka_batch Spark Connect"], apps
+        for n in range(WORKERS):
+            logs = "".join(path.read_text() for path in (tmp_path / f"worker{n}").rglob("stderr"))
+            assert "Running task" in logs, f"no task ran on worker {n}"

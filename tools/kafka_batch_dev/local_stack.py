@@ -448,14 +448,14 @@ def spark_connect_server(port: int, master: str | None = None,
     """The command and environment of a Spark Connect server on loopback, in local mode on every core (or
     on `master`, a cluster's), with the settings spark-submit gives every batch
     (kafka_batch.spark.submit.SPARK_CONF) and `extra` over them; its Python workers fork from a daemon
-    with the read's libraries imported. Spark's own Kafka connectors are on its classpath (kafka_batch_dev.spark_connectors): `make
-    bench` runs them beside the pipeline on this server."""
+    with the read's libraries imported. Spark's own Kafka connectors are on its classpath
+    (kafka_batch_dev.spark_connectors): `make bench` runs them beside the pipeline on this server."""
     from kafka_batch.spark.submit import DAEMON_MODULE, SPARK_CONF, spark_environment
 
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
-            "spark.default.parallelism": cores}  # the job packs at least one read task per core
-    conf = {**conf, **(extra or {})}
+            "spark.default.parallelism": cores,  # the job packs at least one read task per core
+            **(extra or {})}
     if importlib.util.find_spec(DAEMON_MODULE.split(".")[0]) is not None:
         conf["spark.python.daemon.module"] = DAEMON_MODULE
     else:  # an editable install from before the package existed: every worker would fail to start

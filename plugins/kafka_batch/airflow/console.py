@@ -5,8 +5,9 @@ Airflow UI's navigation. Every endpoint needs a user authenticated by Airflow's 
 (plugin endpoints are not protected by default), and shows a user only the pipelines whose DAG that
 auth manager lets them read: the overview leaves the others out, their endpoints answer 403. Each
 pipeline is asked with its own connections, resolved through Airflow; a pipeline whose Postgres or
-Kafka does not answer gets its own error and the page still loads. Responses never hold a connection detail: messages are scrubbed of the
-connections' hosts, logins and secrets. The queries are `kafka_batch.core.inspection`'s (read-only).
+Kafka does not answer gets its own error and the page still loads. Responses never hold a connection
+detail: messages are scrubbed of the connections' hosts, logins and secrets. The queries are
+`kafka_batch.core.inspection`'s (read-only).
 """
 
 from __future__ import annotations
