@@ -17,9 +17,10 @@ produces the data, plans every batch, then measures (each with the load average 
   airflow         the same batch as an Airflow DAG run (Airflow started here on the bench's pipelines, its
                   scheduler and LocalExecutor): the execute task's duration, and the whole run's
   kafka-sink      the small size's records published to a topic by a pipeline's Kafka sink, against a plain
-                  consume-transform-produce loop committing a transaction every 10,000 records (and the
-                  sink without its lineage headers, whose messages are the loop's); and one batch of
-                  --publish-big (10M) records, the driver's peak memory against the small size's
+                  consume-transform-produce loop committing a transaction every 10,000 records, on the same
+                  messages: the loop adding the sink's lineage headers, and the sink without them against the
+                  loop without; and one batch of --publish-big (10M) records, the driver's peak memory
+                  against the small size's
   metrics         a 1,000-record batch with Airflow's StatsD metrics on, sent to a listening socket and to a
                   backend that is down (a host that does not resolve), the same with OpenTelemetry (an
                   OTLP receiver, a closed port), against the same with metrics off
@@ -697,45 +698,60 @@ def measure_kafka_sink(args: argparse.Namespace, env: Env) -> list[tuple]:
     """The small size's records through a pipeline whose one sink publishes each record to a topic (Spark
     Connect), against the plain exactly-once publisher (scripts/plain_publisher.py: Kafka's own
     consume-transform-produce, a transaction with the offsets every 10,000 records) over the same ranges,
-    its whole process: target 13."""
+    its whole process, each side making the same messages: the sink as configured by default (five lineage
+    headers a message) against the loop adding the same headers, and the sink with `headers: []` against
+    the loop as it is (target 13, both)."""
     topic = f"{env.prefix}_publish"
     sample_data.ensure_topic(env.kafka, topic, args.partitions)
     sample_data.produce_page_views(env.kafka, topic, args.small, seed=5)
-    script = str(Path(__file__).with_name("plain_publisher.py"))
-    plain_s, sink_runs, bare_s, streams_s = [], [], [], []
+    plain_s, lineage_s, sink_runs, bare_s, streams_s = [], [], [], [], []
     for n in range(args.repeat):
         output = f"{env.prefix}_publish_out_{n}"
-        for name in (output, f"{output}_plain"):
-            sample_data.ensure_topic(env.kafka, name, args.partitions)
         pipeline = env.publishing_pipeline(f"publish_{n}", topic, output)
         batch = env.plan(pipeline)
-        settle()
-        started = time.monotonic()
-        subprocess.run([sys.executable, script, "--kafka", json.dumps(env.kafka), "--ranges",
-                        json.dumps(spans(batch.ranges)), "--output", f"{output}_plain"], check=True, capture_output=True)
-        plain_s.append(row("plain exactly-once publisher process", time.monotonic() - started, "s",
-                           f"scripts/plain_publisher.py over {batch.span:,} records, whole process")["value"])
+        lineage_s.append(plain_publisher_run(env, batch, f"{output}_plain_lineage", f"{pipeline.name}:{batch.id}"))
+        sample_data.ensure_topic(env.kafka, output, args.partitions)
         sink_runs.append(spark_run(env, pipeline, batch, "rows to a topic, Spark Connect"))
-        # The same without the lineage headers: the plain publisher's messages exactly.
+        if n == 0 and published(env, output, headers=True) != published(env, f"{output}_plain_lineage", headers=True):
+            raise RuntimeError(f"the sink ({output}) and the plain publisher with its headers hold different messages")
         bare_output = f"{output}_bare"
-        sample_data.ensure_topic(env.kafka, bare_output, args.partitions)
         bare = env.publishing_pipeline(f"publish_bare_{n}", topic, bare_output, headers=[])
-        bare_s.append(spark_run(env, bare, env.plan(bare), "rows to a topic without headers, Spark Connect")["seconds"])
+        bare_batch = env.plan(bare)
+        plain_s.append(plain_publisher_run(env, bare_batch, f"{output}_plain"))
+        sample_data.ensure_topic(env.kafka, bare_output, args.partitions)
+        bare_s.append(spark_run(env, bare, bare_batch, "rows to a topic without headers, Spark Connect")["seconds"])
         if n == 0 and published(env, bare_output) != published(env, f"{output}_plain"):
             raise RuntimeError(f"the sink without headers ({bare_output}) does not hold the plain publisher's messages")
-        streams_s.append(streams_run(env, topic, output, batch.span, n))
+        streams_s.append(streams_run(env, topic, bare_output, batch.span, n))
     sink_s = [run["seconds"] for run in sink_runs]
-    row("Kafka Streams / kafka-batch run, rows to a topic", min(streams_s) / min(sink_s), "x",
-        "the Kafka Streams application's whole process against the pipeline's Kafka sink, from each command's start")
-    row("Kafka sink without headers / plain publisher, rows to a topic", min(plain_s) / min(bare_s), "x",
-        "the sink with `headers: []`, whose messages are the plain publisher's, against it (target 13's case with the"
-        " sink's five lineage headers per message)")
+    row("Kafka Streams / kafka-batch run, rows to a topic", min(streams_s) / min(bare_s), "x",
+        "the Kafka Streams application's whole process against the pipeline's Kafka sink without headers (the same"
+        " messages), from each command's start")
+    row("Kafka sink with its lineage headers / plain publisher without, rows to a topic", min(plain_s) / min(sink_s),
+        "x", "not the same messages: what the headers cost against the loop as it is")
     big = publish_big(args, env)
     driver = min(run["rss"]["driver"] for run in sink_runs)
-    return [(f"13 rows to a topic, {args.small / 1e6:g}M: Kafka sink / plain publisher >= 1.5",
-             min(plain_s) / min(sink_s), 1.5, ">="),
-            (f"55 driver peak RSS, rows to a topic, {args.publish_big / 1e6:g}M / {args.small / 1e6:g}M <= 1.25",
+    size = f"{args.small / 1e6:g}M"
+    return [(f"13 rows to a topic, {size}, lineage headers: Kafka sink / plain publisher with them >= 1.5",
+             min(lineage_s) / min(sink_s), 1.5, ">="),
+            (f"13 rows to a topic, {size}, no headers: Kafka sink / plain publisher >= 1.5",
+             min(plain_s) / min(bare_s), 1.5, ">="),
+            (f"55 driver peak RSS, rows to a topic, {args.publish_big / 1e6:g}M / {size} <= 1.25",
              big["rss"]["driver"] / driver, 1.25, "<=")]
+
+
+def plain_publisher_run(env: Env, batch, output: str, lineage: str | None = None) -> float:
+    """scripts/plain_publisher.py over the batch's ranges into a new topic `output`, its whole process
+    timed; `lineage`: `pipeline:batch`, for the sink's headers. Its seconds."""
+    sample_data.ensure_topic(env.kafka, output, topic_partitions(env, batch.ranges[0].topic))
+    command = [sys.executable, str(Path(__file__).with_name("plain_publisher.py")), "--kafka", json.dumps(env.kafka),
+               "--ranges", json.dumps(spans(batch.ranges)), "--output", output, *(["--lineage", lineage] if lineage else [])]
+    settle()
+    started = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True)
+    return row(f"plain exactly-once publisher process{', with the lineage headers' if lineage else ''}",
+               time.monotonic() - started, "s", f"scripts/plain_publisher.py over {batch.span:,} records, whole process"
+               )["value"]
 
 
 def publish_big(args: argparse.Namespace, env: Env) -> dict:
@@ -764,14 +780,14 @@ def publish_big(args: argparse.Namespace, env: Env) -> dict:
     return result
 
 
-def published(env: Env, topic: str) -> Counter:
-    """Every committed message of `topic` as (key, value parsed), counted: two topics hold the same
-    messages when these are equal, whatever their partitions and order."""
+def published(env: Env, topic: str, headers: bool = False) -> Counter:
+    """Every committed message of `topic` as (key, value parsed, and its headers if `headers`), counted:
+    two topics hold the same messages when these are equal, whatever their partitions and order."""
     kafka = KafkaOffsets(env.kafka)
     offsets = kafka.offsets(kafka.partitions((topic,)))
     ranges = [(t, p, o.log_start, o.last_stable) for (t, p), o in offsets.items()]
     consumer = plain_consumer.consumer(env.kafka, ranges)
-    found = Counter((m.key(), tuple(sorted(json.loads(m.value()).items())))
+    found = Counter((m.key(), tuple(sorted(json.loads(m.value()).items())), tuple(m.headers() or ()) if headers else ())
                     for m in plain_consumer.consume(consumer, ranges))
     consumer.close()
     return found

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pyarrow as pa
 import pytest
 
 from kafka_batch.errors import ServiceError
 from kafka_batch.kafka.publish import Decision, Published, _service_error, decide, transactional_id
 from kafka_batch.kafka.ranges import OffsetRange
-from kafka_batch.sinks.kafka import in_input_order
+from kafka_batch.sinks.kafka import _messages, in_input_order
 
 
 def test_an_identity_round_trips_through_an_offsets_metadata():
@@ -39,6 +41,28 @@ def test_a_transaction_the_broker_lost_is_said_to_have_published_nothing():
         " publishes the batch")
     down = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
     assert str(_service_error("publishing batch 7 to 'out'", down)) == "publishing batch 7 to 'out': broker down"
+
+
+def test_each_message_names_its_source_record_and_range_in_its_headers():
+    # Two ranges of two topics; the source's name is joined from the range and the offset.
+    batch = SimpleNamespace(pipeline="views", id=7, kind="replay", ranges=[
+        OffsetRange("clicks", 3, 100, 200, range_id=11), OffsetRange("page.views", 0, 0, 50, range_id=12)])
+    result = pa.table({"range_id": [12, 11, 12], "offset": [0, 199, 49], "_key": ["a", None, "c"],
+                       "_value": ['{"n":1}', '{"n":2}', '{"n":3}']})
+    fixed = [("kafka_batch.pipeline", "views"), ("kafka_batch.batch", "7"), ("kafka_batch.kind", "replay")]
+    assert list(_messages(result, batch)) == [
+        ("a", '{"n":1}', [*fixed, ("kafka_batch.source", "page.views:0:0"), ("kafka_batch.range", "page.views:0:0-50")]),
+        (None, '{"n":2}', [*fixed, ("kafka_batch.source", "clicks:3:199"), ("kafka_batch.range", "clicks:3:100-200")]),
+        ("c", '{"n":3}', [*fixed, ("kafka_batch.source", "page.views:0:49"), ("kafka_batch.range", "page.views:0:0-50")]),
+    ]
+    assert [headers for _, _, headers in _messages(result, batch, wanted=("batch", "source"))] == [
+        [("kafka_batch.batch", "7"), ("kafka_batch.source", name)] for name in ("page.views:0:0", "clicks:3:199",
+                                                                               "page.views:0:49")]
+    assert [headers for _, _, headers in _messages(result, batch, wanted=("kind", "range"))][1] == [
+        ("kafka_batch.kind", "replay"), ("kafka_batch.range", "clicks:3:100-200")]
+    assert [headers for _, _, headers in _messages(result, batch, wanted=())] == [None] * 3
+    assert [value for _, value, _ in _messages(result, batch, encode=str.upper, wanted=())] == [
+        '{"N":1}', '{"N":2}', '{"N":3}']
 
 
 def _rows(*records: tuple[int, int, int]) -> pa.Table:

@@ -88,7 +88,7 @@ def decide(batch_id: int, found: Iterable[Published], pending: Mapping[int, str]
 
 
 class Message(NamedTuple):
-    """One message to produce (a tuple: a batch makes millions of them)."""
+    """One message to produce. Any (key, value, headers) tuple serves: a batch makes millions of them."""
 
     key: bytes | str | None
     value: bytes | str | None

@@ -38,8 +38,8 @@ if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
 HEADER_BYTES = 512  # what a message's size check allows for its headers (pipeline, batch, kind, source, range)
 HEADERS = ("pipeline", "batch", "kind", "source", "range")  # the lineage headers a message may carry
 PUBLISH_RATE = 50_000  # messages a second a publish is assumed to reach at least (a quarter of one core's)
-# The rows shape's result, as its publish reads it: per message its range, source record, key and value.
-PUBLISHED = ("range_id", "_source", "_key", "_value")
+# The rows shape's result, as its publish reads it: per message its range, offset, key and value.
+PUBLISHED = ("range_id", "offset", "_key", "_value")
 # Messages turned into Python objects at a time: a publish holds a piece of the result as Arrow (the whole
 # result under spark-submit: about 100 MB a million messages), not a Python object per field of every
 # message (another 250 MB a million).
@@ -181,13 +181,11 @@ class KafkaSink(Sink):
 
         valid = ~F.col("_tombstone") & F.col("_invalid").isNull()
 
-        def messages(frame):
+        def messages(frame):  # the source record's name is made in the driver, from its range and offset
             return frame.select(
-                "range_id", "topic", "partition", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
+                "range_id", "offset", "_tombstone", F.col("_invalid").isNotNull().alias("_invalid"),
                 F.when(valid, self._key()).alias("_key"),
                 F.when(valid, self._value() if self.value_format == "json" else self._row()).alias("_value"),
-                (F.concat_ws(":", "topic", "partition", "offset") if "source" in self.headers
-                 else F.lit(None).cast("string")).alias("_source"),
             )
 
         waves = [records] if stage.waves is None else stage.waves()
@@ -382,18 +380,30 @@ def _changes(changes: list[tuple[str, dict | None]], batch, encode, wanted: Sequ
         yield Message(key, encode(row), headers)
 
 
-def _messages(table: pa.Table, batch, encode=None, wanted: Sequence[str] = HEADERS) -> Iterator[Message]:
-    """The messages with the headers `wanted`: pipeline, batch, kind, the source record and its range."""
+def _messages(table: pa.Table, batch, encode=None, wanted: Sequence[str] = HEADERS) -> Iterator[tuple]:
+    """The messages with the headers `wanted`: pipeline, batch, kind, the source record and its range. A
+    batch makes millions: each is a plain (key, value, headers) tuple, its headers one list, and the
+    source's name (`topic:partition:offset`) is joined by Arrow, a chunk at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     fixed = _batch_headers(batch, wanted)
-    ranges = {r.range_id: [("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")]
-              if "range" in wanted else [] for r in batch.ranges}
+    ranges = batch.ranges
+    range_ids = pa.array([r.range_id for r in ranges], pa.int64())
+    prefixes = pa.array([f"{r.topic}:{r.partition}:" for r in ranges])
+    after = {r.range_id: [("kafka_batch.range", f"{r.topic}:{r.partition}:{r.from_offset}-{r.until_offset}")]
+             if "range" in wanted else [] for r in ranges}
     sources = "source" in wanted
+    shared = {range_id: [*fixed, *these] or None for range_id, these in after.items()}  # produce copies them
     for chunk in table.to_batches(max_chunksize=CHUNK_ROWS):
-        columns = [chunk.column(name).to_pylist() for name in PUBLISHED]
+        ids = chunk.column("range_id")
+        keys, values = chunk.column("_key").to_pylist(), chunk.column("_value").to_pylist()
         if encode is not None:
-            columns[3] = [encode(row) for row in columns[3]]
-        for range_id, source, key, value in zip(*columns, strict=True):  # str keys, values and headers: UTF-8
-            if sources:
-                yield Message(key, value, [*fixed, ("kafka_batch.source", source), *ranges[range_id]])
-            else:
-                yield Message(key, value, [*fixed, *ranges[range_id]] or None)
+            values = [encode(row) for row in values]
+        if sources:  # str keys, values and headers: UTF-8
+            names = pc.binary_join_element_wise(pc.take(prefixes, pc.index_in(ids, value_set=range_ids)),
+                                                pc.cast(chunk.column("offset"), pa.string()), "")
+            for key, value, range_id, name in zip(keys, values, ids.to_pylist(), names.to_pylist(), strict=True):
+                yield key, value, [*fixed, ("kafka_batch.source", name), *after[range_id]]  # made as it goes: no GC
+        else:
+            yield from zip(keys, values, [shared[range_id] for range_id in ids.to_pylist()], strict=True)
