@@ -52,6 +52,22 @@ def test_chunks_of_many_partitions_make_one_batch_each_record_with_its_own_range
     assert got[field_column("page")] == ["x", "y", "z", "w"] and got[PARSED] == [True] * 4
 
 
+def test_offsets_keep_the_gaps_that_markers_and_compaction_leave():
+    """A chunk's offsets are made without asking each record only when they have no gap."""
+    def chunk(offsets):
+        return [Message(topic="t", partition=3, offset=o, value=b"{}", timestamp=(TIMESTAMP_CREATE_TIME, 1))
+                for o in offsets]
+
+    def offsets(*chunks):
+        return chunks_to_arrow([(RANGE, c) for c in chunks], ("offset",)).column("offset").to_pylist()
+
+    assert offsets(chunk([3, 4, 5])) == [3, 4, 5]
+    assert offsets(chunk([3, 5, 6])) == [3, 5, 6]  # a marker at 4
+    assert offsets(chunk([3, 4]), chunk([9, 10, 11])) == [3, 4, 9, 10, 11]
+    assert offsets(chunk([3, 4]), chunk([9, 11, 12])) == [3, 4, 9, 11, 12]
+    assert offsets(chunk([0, 2, 3, 4]), chunk([7])) == [0, 2, 3, 4, 7]  # first + length - 1 == last, by chance
+
+
 @pytest.mark.parametrize("wanted", [("timestamp",), ("timestamp", "timestamp_type")])
 @pytest.mark.parametrize("missing", [(TIMESTAMP_NOT_AVAILABLE, -1), (TIMESTAMP_NOT_AVAILABLE, 0)])
 def test_a_record_without_a_timestamp_has_a_null_one(wanted, missing):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import operator
 import re
 import time
 from collections.abc import Iterator
@@ -234,14 +233,12 @@ def read_partitions(
                     continue  # a partition already complete
                 if events and any(map(Message.error, chunk)):
                     chunk = _without_events(chunk, r, reached)
-                # In offset order: the records before `until` are a prefix (found in C, not per record).
-                offsets = list(map(Message.offset, chunk))
-                cut = bisect.bisect_left(offsets, r.until_offset)
-                if cut < len(chunk):
+                if chunk and chunk[-1].offset() >= r.until_offset:
+                    # The range ends in this chunk: in offset order, its records are a prefix.
+                    chunk = chunk[:bisect.bisect_left(chunk, r.until_offset, key=Message.offset)]
                     reached[key] = r.until_offset
-                    chunk = chunk[:cut]
                 if chunk:
-                    reached[key] = max(reached[key], offsets[cut - 1] + 1)
+                    reached[key] = max(reached[key], chunk[-1].offset() + 1)
                     yield r, chunk
             for tp in consumer.position([TopicPartition(t, p) for t, p in pending]):
                 if tp.offset >= 0:
@@ -266,15 +263,23 @@ def read_partitions(
 
 
 def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
-    """The messages of one consume call per (topic, partition), each list in offset order."""
+    """The messages of one consume call per (topic, partition), each list in offset order. They come in
+    runs of one partition, a fetch's worth each: the runs are found in C (groupby) and sliced. With one
+    topic only the partition numbers are compared: a (topic, partition) pair a record costs as much."""
     if len(topics) == 1:
         [topic] = topics
-        runs = zip(itertools.repeat(topic), map(Message.partition, messages))
+        runs = (((topic, partition), run) for partition, run in itertools.groupby(map(Message.partition, messages)))
     else:
-        runs = zip(map(Message.topic, messages), map(Message.partition, messages), strict=True)
+        runs = itertools.groupby(zip(map(Message.topic, messages), map(Message.partition, messages), strict=True))
     chunks: dict[tuple[str, int], list[Any]] = {}
-    for key, run in itertools.groupby(zip(runs, messages, strict=True), key=operator.itemgetter(0)):
-        chunks.setdefault(key, []).extend(map(operator.itemgetter(1), run))
+    start = 0
+    for key, run in runs:
+        end = start + len(list(run))
+        if key in chunks:
+            chunks[key].extend(messages[start:end])
+        else:
+            chunks[key] = messages[start:end]
+        start = end
     return chunks
 
 
