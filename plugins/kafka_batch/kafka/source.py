@@ -265,7 +265,8 @@ def read_partitions(
 def _by_partition(messages: list[Any], topics: set[str]) -> dict[tuple[str, int], list[Any]]:
     """The messages of one consume call per (topic, partition), each list in offset order. They come in
     runs of one partition, a fetch's worth each: the runs are found in C (groupby) and sliced. With one
-    topic only the partition numbers are compared: a (topic, partition) pair a record costs as much."""
+    topic only the partition numbers are compared (a (topic, partition) pair made for every record
+    would cost as much as the rest)."""
     if len(topics) == 1:
         [topic] = topics
         runs = (((topic, partition), run) for partition, run in itertools.groupby(map(Message.partition, messages)))
