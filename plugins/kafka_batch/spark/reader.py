@@ -148,7 +148,7 @@ def chunks_to_arrow(chunks: list[tuple[OffsetRange, list[Any]]], columns: Iterab
                 arrays.append(whole)
         elif name == "offset":
             arrays.append(_offsets(chunks, messages))
-        else:
+        else:  # the key, the one column left
             arrays.append(pa.array(list(map(Message.key, messages)), field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
