@@ -436,7 +436,8 @@ class Pipeline(Model):
     pool: str | None = None
     """The Airflow pool whose slot the execute task takes (null: Airflow's `default_pool`). Pipelines that
     share a Spark Connect server or a Postgres can name one pool of N slots (`airflow pools set NAME N
-    ...`): at most N of their batches then execute at once, the others queue in Airflow."""
+    ...`): at most N of their batches then execute at once, the others queue in Airflow. Airflow leaves a
+    task of a pool it does not have scheduled, never run; the console names such a pipeline's pool."""
     on_data_loss: Literal["fail", "skip"] = "fail"
     """A stored position below the log start (retention deleted unread records): stop, or record the loss and go on."""
     on_invalid_record: Literal["quarantine", "fail"] = "quarantine"

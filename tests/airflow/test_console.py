@@ -102,6 +102,41 @@ def test_a_broker_that_does_not_answer_is_that_pipelines_error_and_nothing_leaks
         assert "127.0.0.1" not in text and "bootstrap" not in text
 
 
+@pytest.fixture
+def missing_pool(services):
+    """A pipeline whose `pool` Airflow does not have (yet), and that pool's name."""
+    pool = f"console_pool_{uuid.uuid4().hex[:6]}"
+    pooled = new_pipeline("consolepool", partitions=1, pool=pool)
+    yield pooled, pool
+    Path(pooled.source).unlink()
+
+
+def test_a_pool_airflow_does_not_have_is_the_pipelines_problem_until_it_is_created(server, pipelines, missing_pool):
+    """Airflow 3 leaves a task of a missing pool scheduled forever, said only in the scheduler's log."""
+    good, _ = pipelines
+    pooled, pool = missing_pool
+    token = server.token()
+
+    def pool_errors() -> dict:
+        status, body = server.get("kafka-batch/api/overview", token=token)
+        assert status == 200, body
+        rows = {row["name"]: row["pool_error"] for row in json.loads(body)["pipelines"]}
+        status, body = server.get(f"kafka-batch/api/pipelines/{pooled.name}", token=token)
+        assert status == 200, body
+        assert json.loads(body)["pool_error"] == rows[pooled.name]
+        return rows
+
+    try:
+        rows = pool_errors()
+        assert rows[pooled.name] and f"pool '{pool}' does not exist" in rows[pooled.name], rows[pooled.name]
+        assert rows[good.name] is None
+        status, body = server.call("POST", "api/v2/pools", {"name": pool, "slots": 2}, token=token)
+        assert status == 201, body
+        assert pool_errors()[pooled.name] is None
+    finally:
+        server.call("DELETE", f"api/v2/pools/{pool}", token=token)
+
+
 def test_admin_connections_offers_the_kafka_and_postgres_forms(server):
     """The providers' connection types are installed, so the UI's connection form offers them."""
     status, body = server.get("ui/connections/hook_meta", token=server.token())
@@ -191,9 +226,10 @@ def _browser():
 
 
 @pytest.mark.browser
-def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, pipelines, tmp_path):
+def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, pipelines, missing_pool, tmp_path):
     sync_playwright = _browser()
     good, _ = pipelines
+    pooled, pool = missing_pool
     topic = good.topics[0]
     stored = positions(good.name)
     ends = _last_stable_offsets(topic, sorted(p for _, p in stored))
@@ -223,6 +259,9 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
             row = frame.locator(f"#pipelines tr[data-pipeline='{good.name}']")
             assert _number(row.locator("td.lag").inner_text()) == 150
             assert "batch" in row.locator("td.last-batch").inner_text()
+            assert row.locator("td.problem").inner_text() == ""
+            problem = frame.locator(f"#pipelines tr[data-pipeline='{pooled.name}'] td.problem").inner_text()
+            assert f"pool '{pool}' does not exist in Airflow" in problem, problem
 
             row.locator("a.pipeline-link").click()
             frame.locator("body[data-loaded^='#pipeline=']").wait_for()

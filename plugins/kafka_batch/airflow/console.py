@@ -7,7 +7,7 @@ auth manager lets them read: the overview leaves the others out, their endpoints
 pipeline is asked with its own connections, resolved through Airflow; a pipeline whose Postgres or
 Kafka does not answer gets its own error and the page still loads. Responses never hold a connection
 detail: messages are scrubbed of the connections' hosts, logins and secrets. The queries are
-`kafka_batch.core.inspection`'s (read-only).
+`kafka_batch.core.inspection`'s (read-only); Airflow's own database says which pools exist.
 """
 
 from __future__ import annotations
@@ -108,6 +108,21 @@ def _describe(pipeline) -> dict:
         "topics": pipeline.topics_label, "tables": list(pipeline.tables), "schedule": pipeline.schedule,
         "plan_by": pipeline.plan_by, "on_data_loss": pipeline.on_data_loss,
     }
+
+
+def _pool_errors(pipelines) -> dict[str, str]:
+    """Per pipeline whose `pool` Airflow does not have, what is wrong: the scheduler leaves such a task
+    scheduled and never runs it, saying so only in its own log (Airflow 3's DAG processor does not
+    check pools), so the pipeline would fall behind with nothing failed."""
+    named = {p.name: p.pool for p in pipelines if p.pool}
+    if not named:
+        return {}
+    from airflow.models.pool import Pool
+
+    existing = {pool.pool for pool in Pool.get_pools()}
+    return {name: f"pool {pool!r} does not exist in Airflow: the execute task waits, scheduled, and never runs;"
+                  f" create it (airflow pools set {shlex.quote(pool)} SLOTS DESCRIPTION) or change the definition's pool"
+            for name, pool in named.items() if pool not in existing}
 
 
 def _opened(pipeline, conns: list) -> _Services:
@@ -291,15 +306,18 @@ def create_app():
         with ThreadPoolExecutor(max_workers=4) as pool:
             by_name = {row["name"]: row for rows in pool.map(_overview_of, sharing_connections(found.values()))
                        for row in rows}
-        return {"pipelines": [by_name[name] for name in found], "invalid_files": [{"file": Path(f).name, "error": scrub(e)} for f, e in invalid.items()]}
+        pool_errors = _pool_errors(found.values())
+        return {"pipelines": [{**by_name[name], "pool_error": pool_errors.get(name)} for name in found],
+                "invalid_files": [{"file": Path(f).name, "error": scrub(e)} for f, e in invalid.items()]}
 
     @app.get("/api/pipelines/{name}")
     def detail(name: str, user=the_user, limit: int = Query(20, ge=1, le=MAX_LIMIT)) -> dict:
         pipeline = one(name, user)
+        pool_error = _pool_errors([pipeline]).get(name)
         try:
-            return _detail(pipeline, limit)
+            return {**_detail(pipeline, limit), "pool_error": pool_error}
         except _PipelineError as exc:
-            return {"pipeline": _describe(pipeline), "error": str(exc)}
+            return {"pipeline": _describe(pipeline), "error": str(exc), "pool_error": pool_error}
 
     @app.get("/api/pipelines/{name}/ledger")
     def ledger(name: str, topic: str, user=the_user, partition: int = Query(..., ge=0),

@@ -78,7 +78,7 @@ async function showOverview() {
       el("td", {class: "last-commit"}, when(p.last_commit_at)),
       numCell(p.failed_batches, "failed"), numCell(p.data_loss, "data-loss"), numCell(p.resets, "resets"),
       numCell(p.quarantined, "quarantined"),
-      el("td", {class: "error problem"}, p.error || p.kafka_error || (p.behind.length ? "behind: " + p.behind.join("; ") : "")));
+      el("td", {class: "error problem"}, p.error || p.kafka_error || p.pool_error || (p.behind.length ? "behind: " + p.behind.join("; ") : "")));
   }));
   $("#invalid-files").replaceChildren(...data.invalid_files.map(
     (f) => el("p", {class: "error"}, "Invalid pipeline file " + f.file + ": " + f.error)));
@@ -154,7 +154,7 @@ async function showPipeline(name) {
   $("#detail-title").textContent = p.name + " — " + p.topics + " → " + p.tables.join(", ");
   $("#detail-links").replaceChildren("DAGs: ", dagLink(p.dag_id), " · ", dagLink(p.replay_dag_id),
     " (replay: open it and press Trigger; the form takes topic, partitions, offsets or times, reason, dry run)");
-  $("#detail-error").textContent = data.error || data.kafka_error || "";
+  $("#detail-error").textContent = [data.error || data.kafka_error, data.pool_error].filter(Boolean).join(" · ");
   $("#detail").hidden = false;
   if (data.error) return;
   fill($("#topics tbody"), data.topics.map((t) => el("tr", {"data-topic": t.topic}, cell(t.topic),
