@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
+from kafka_batch_dev import sample_data
 from kafka_batch_dev.committed import committed_messages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,18 +50,11 @@ def admin_client(config: dict | None = None) -> AdminClient:
 
 
 def create_topic(topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
-    """Create the topic and wait until the broker's metadata has all its partitions: the controller
-    answers first, and a client started right after (another process) may be told it does not exist."""
+    """Create the topic (it must be new) and wait until the broker's metadata has all its partitions."""
     admin = admin_client()
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).values():
         future.result()
-    deadline = time.monotonic() + 30
-    while True:
-        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
-            return
-        assert time.monotonic() < deadline, f"topic {topic} is not in the broker's metadata 30 s after its creation"
-        time.sleep(0.1)
+    sample_data.wait_for_topic(admin, topic, partitions)
 
 
 # A topic the log cleaner compacts within seconds: segments close after a second (at the next append) and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from typing import Any
 
 from confluent_kafka import Producer
@@ -22,6 +23,20 @@ def ensure_topic(config: dict[str, Any], topic: str, partitions: int, settings: 
     futures = admin.create_topics([NewTopic(topic, partitions, 1, config=settings or {})])
     for future in futures.values():
         future.result()
+    wait_for_topic(admin, topic, partitions)
+
+
+def wait_for_topic(admin: AdminClient, topic: str, partitions: int, timeout: float = 30) -> None:
+    """Wait until the broker's metadata has the topic just created with all its partitions: the controller
+    answers first, and a client started right after (another process) may be told it does not exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"topic {topic} is not in the broker's metadata {timeout:g} s after its creation")
+        time.sleep(0.1)
 
 
 def _producer(config: dict[str, Any]) -> Producer:
