@@ -58,7 +58,9 @@ class SchemaProblem(ValueError):
 
 
 def _named(schema: Any, namespace: str | None) -> str:
+    """A named type's full name: its own namespace, else the enclosing one (Avro's rule)."""
     name = schema["name"]
+    namespace = schema.get("namespace", namespace)
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
@@ -225,6 +227,52 @@ class ReaderView:
         return values_to_arrow(self.type, records)
 
 
+# Types a record decodes alike whichever schema reads it, when both give the same one: no named type in
+# them, so no definition of one can differ between the writer and the view.
+_UNNAMED = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _unnamed(schema: Any) -> bool:
+    if isinstance(schema, str):
+        return schema in _UNNAMED
+    if isinstance(schema, list):
+        return all(_unnamed(branch) for branch in schema)
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        if kind == "array":
+            return _unnamed(schema["items"])
+        if kind == "map":
+            return _unnamed(schema["values"])
+        return kind in _UNNAMED
+    return False
+
+
+def defaults_to_add(writer: Any, view: Any) -> dict[str, Any] | None:
+    """All that reading a record written with `writer` as `view` changes (both parsed), when that is
+    adding the view's fields the writer lacks, each with its default: both records of one name, no
+    aliases, every field they share of one type without named types, every default a scalar. The usual
+    evolution (a field added with a default) is so; fastavro's resolution rebuilds its field maps for
+    every record and doubles a record's decoding. None: reading it takes fastavro's resolution."""
+    if not (isinstance(writer, dict) and isinstance(view, dict) and writer.get("type") == view.get("type") == "record"
+            and writer.get("name") == view.get("name") and "aliases" not in view):
+        return None
+    written = {field["name"]: field["type"] for field in writer["fields"]}
+    defaults = {}
+    for field in view["fields"]:
+        name = field["name"]
+        if "aliases" in field:
+            return None
+        if name in written:
+            if written[name] != field["type"] or not _unnamed(field["type"]):
+                return None
+        elif "default" in field and isinstance(field["default"], _SCALARS):
+            defaults[name] = field["default"]  # what fastavro's resolution sets
+        else:
+            return None
+    return defaults
+
+
 def decode(payload: bytes, start: int, writer: Any, reader: Any) -> dict:
     """One Avro datum from `payload[start:]`, written with `writer`, read as `reader` (None: the
     writer itself); every byte must belong to it (trailing bytes are an error, not ignored)."""
@@ -246,6 +294,7 @@ class AvroColumn(DecodedColumn):
     def __init__(self, schema: Any, registry: dict | None, side: str = "value"):
         super().__init__(registry, side)
         self.schema = schema
+        self._defaults: dict[str, dict[str, Any] | None] = {}  # per writer schema (canonical): defaults_to_add
 
     def _load_view(self) -> ReaderView:
         return ReaderView(self.schema)
@@ -267,8 +316,14 @@ class AvroColumn(DecodedColumn):
                 raise Undecodable(f"undecodable Avro {self.side} ({_reason(exc)})") from None
         parsed, canonical = writer
         view = self.view
-        try:  # resolved only when the writer is not the view itself
-            return decode(payload, start, parsed, None if canonical == view.canonical else view.parsed)
+        if canonical not in self._defaults:  # once per writer schema met
+            self._defaults[canonical] = {} if canonical == view.canonical else defaults_to_add(parsed, view.parsed)
+        defaults = self._defaults[canonical]
+        try:  # resolved by fastavro only when reading as the view takes more than adding defaults
+            record = decode(payload, start, parsed, None if defaults is not None else view.parsed)
+            if defaults:
+                record.update(defaults)
+            return record
         except SchemaResolutionError as exc:  # names the field the writer schema cannot give
             raise Undecodable(f"{self.side}: schema id {ident} cannot be read as the pipeline's schema:"
                               f" {' '.join(str(exc).split())}") from None
