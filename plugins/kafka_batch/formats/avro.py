@@ -294,7 +294,7 @@ class AvroColumn(DecodedColumn):
     def __init__(self, schema: Any, registry: dict | None, side: str = "value"):
         super().__init__(registry, side)
         self.schema = schema
-        self._defaults: dict[str, dict[str, Any] | None] = {}  # per writer schema (canonical): defaults_to_add
+        self._defaults: dict[int, dict[str, Any] | None] = {}  # per writer schema id: defaults_to_add
 
     def _load_view(self) -> ReaderView:
         return ReaderView(self.schema)
@@ -316,9 +316,9 @@ class AvroColumn(DecodedColumn):
                 raise Undecodable(f"undecodable Avro {self.side} ({_reason(exc)})") from None
         parsed, canonical = writer
         view = self.view
-        if canonical not in self._defaults:  # once per writer schema met
-            self._defaults[canonical] = {} if canonical == view.canonical else defaults_to_add(parsed, view.parsed)
-        defaults = self._defaults[canonical]
+        if ident not in self._defaults:  # once per writer schema met
+            self._defaults[ident] = {} if canonical == view.canonical else defaults_to_add(parsed, view.parsed)
+        defaults = self._defaults[ident]
         try:  # resolved by fastavro only when reading as the view takes more than adding defaults
             record = decode(payload, start, parsed, None if defaults is not None else view.parsed)
             if defaults:
