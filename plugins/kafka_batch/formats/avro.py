@@ -229,7 +229,7 @@ class ReaderView:
 
 # Types a record decodes alike whichever schema reads it, when both give the same one: no named type in
 # them, so no definition of one can differ between the writer and the view.
-_UNNAMED = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+_UNNAMED = ("null", *PRIMITIVES)
 _SCALARS = (type(None), bool, int, float, str, bytes)
 
 
