@@ -27,12 +27,16 @@ install: $(STAMP)
 	@$(BIN)/python -m compileall -q plugins tools spark_jobs dags >/dev/null
 	@$(BIN)/kafka-batch local install >/dev/null  # Apache Kafka's broker and Spark's Kafka connectors, once
 
+# KAFKA_NODES=3: Apache Kafka as a replicated cluster of three KRaft nodes (one by default).
+KAFKA_NODES ?=
+LOCAL_UP := $(BIN)/kafka-batch local up $(if $(KAFKA_NODES),--kafka-nodes $(KAFKA_NODES))
+
 up: install
-	$(BIN)/kafka-batch local up
+	$(LOCAL_UP)
 
 # The Airflow UI with the console page, on loopback: api-server, scheduler, dag-processor, triggerer.
 airflow: install
-	$(BIN)/kafka-batch local up --airflow
+	$(LOCAL_UP) --airflow
 
 down:
 	@if [ -x $(BIN)/kafka-batch ]; then $(BIN)/kafka-batch local down; fi

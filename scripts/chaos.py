@@ -985,7 +985,7 @@ def create_pipeline(pipeline: str, encoding: str, partitions: int, pipelines_dir
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
     for name, config in ((topic, {}), (tables["kafka"], {"cleanup.policy": "compact"}
                                        if tables["kafka_shape"] == "changelog" else {})):
-        admin.create_topics([NewTopic(name, partitions, 1, config=config)])[name].result()
+        admin.create_topics([NewTopic(name, partitions, config=config)])[name].result()
     definition = {
         "name": pipeline, "topics": [topic], "schedule": None,
         "record": ({"format": "avro", "schema": AVRO_SCHEMA} if encoding == "avro" else

@@ -140,6 +140,7 @@ def pytest_xdist_make_scheduler(config, log):
 LONGEST_FIRST = (
     "tests/airflow/",  # 380 s: the DAG runs and the console, one after the other on one worker
     "tests/integration/test_chaos.py",  # 250-280 s
+    "tests/integration/test_failover.py",  # 250-300 s: a three-node cluster of its own
     "tests/integration/test_broker_kills.py",  # 120 s
     "tests/integration/test_operations.py",  # 130 s
     "tests/integration/test_end_to_end.py",  # 120 s

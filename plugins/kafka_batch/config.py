@@ -117,6 +117,24 @@ class ReadSettings(Model):
     """How long planning waits for Kafka's metadata and offsets answers."""
 
 
+class Timeouts(Model):
+    """How long each task of a run may take before Airflow ends it (the task's `execution_timeout`), so
+    that a run never waits forever, whatever Kafka, Postgres or Spark do; a task ended so is retried, and
+    what its attempt left is what a killed attempt leaves (the next one fences it). Unset: derived from
+    the limits and read settings."""
+
+    plan_seconds: PositiveInt | None = None
+    """The plan task. Default: ten `read.kafka_timeout_seconds` and a minute (6 minutes)."""
+    execute_seconds: PositiveInt | None = None
+    """One attempt of a batch: Spark's read and compute and the commit, publishes included. Default: 10
+    minutes, and `limits.max_records_per_batch` at 10,000 records a second (about 27 minutes for 10M)."""
+    report_seconds: PositiveInt | None = None
+    """The report task. Default: as the plan task's."""
+
+
+SLOWEST_RATE = 10_000  # records a second a batch is assumed to reach at least, for its default time bound
+
+
 class Replayable(Model):
     """The replay horizon: how long committed ranges stay replayable (and rewindable) range by range.
 
@@ -452,6 +470,8 @@ class Pipeline(Model):
     """How the read tasks and the planner talk to Kafka."""
     replayable: Replayable = Replayable()
     """How long committed ranges stay replayable and rewindable range by range (default: forever)."""
+    timeouts: Timeouts = Timeouts()
+    """How long each task of a run may take before Airflow ends it and retries (default: from the limits)."""
     alerts: Alerts = Alerts()
     """How far behind the pipeline may fall before `kafka-batch status --check` fails (default: no bound)."""
     connections: Connections = Connections()
@@ -562,6 +582,16 @@ class Pipeline(Model):
     @property
     def definition_hash(self) -> str:
         return hashlib.sha256(self.snapshot().encode()).hexdigest()
+
+    def task_timeouts(self) -> dict[str, int]:
+        """Seconds each task of a run may take (`timeouts`, or what the limits and read settings give)."""
+        asking = 10 * self.read.kafka_timeout_seconds + 60
+        given = self.timeouts
+        return {
+            "plan": given.plan_seconds or int(asking),
+            "execute": given.execute_seconds or int(600 + self.limits.max_records_per_batch / SLOWEST_RATE),
+            "report": given.report_seconds or int(asking),
+        }
 
     def with_limits(self, **overrides: int | None) -> Pipeline:
         """The pipeline with some limits changed for one run (a triggered run's params)."""

@@ -41,6 +41,9 @@ def test_dag_conventions(dagbag, dag_id):
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "execute", "report"]
     for task in dag.tasks:
         assert task.retries >= 2, task.task_id
+    # Nothing of a run waits forever: each task has its pipeline's bound (Timeouts).
+    bounds = {t.task_id: t.execution_timeout.total_seconds() for t in dag.tasks}
+    assert bounds == dag.get_task("execute").pipeline.task_timeouts()
     execute = dag.get_task("execute")
     assert isinstance(execute, BatchSparkSubmitOperator) and execute.pipeline.dag_id in dag_id
     # Connections go to the hook at run time, never to a rendered field.

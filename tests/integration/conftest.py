@@ -34,3 +34,129 @@ def second_cluster(services, tmp_path):
         yield f"127.0.0.1:{state['kafka_port']}"
     finally:
         local_stack.stop_kafka(state)
+
+
+class KafkaCluster:
+    """Three Apache Kafka nodes of a test module's own, as `kafka-batch local up --kafka-nodes 3` starts
+    them (replication factor 3, min.insync.replicas 2), their data under `home`; its faults are
+    kafka_batch_dev.local_stack's (kill, freeze, revive), and where a partition's leader or a group's
+    coordinator is, the cluster's own metadata says."""
+
+    def __init__(self, home):
+        from kafka_batch_dev import local_stack
+
+        self.home = home
+        self.bootstrap = local_stack.bootstrap_servers(local_stack.read_state(home))
+        self.config = {"bootstrap.servers": self.bootstrap}
+
+    def connection(self) -> str:
+        import json
+
+        return json.dumps({"conn_type": "kafka", "extra": self.config})
+
+    def _admin(self):
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.config)
+
+    def leader(self, topic: str, partition: int) -> int:
+        return self._admin().list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
+
+    def in_sync(self, topic: str, partition: int) -> list[int]:
+        return sorted(self._admin().list_topics(topic, timeout=30).topics[topic].partitions[partition].isrs)
+
+    def warm(self) -> None:
+        """The internal topics exist (the first group offset and the first transactional producer make them)
+        and each partition is led by its preferred node again (kills leave every leader on the survivors)."""
+        from confluent_kafka import Consumer, ElectionType, KafkaException, Producer, TopicPartition
+
+        from kafka_batch_dev import sample_data
+
+        producer = Producer({**self.config, "transactional.id": "kafka-batch-tests.warm"})
+        producer.init_transactions(60)
+        producer.close()
+        group = Consumer({**self.config, "group.id": "kafka-batch-tests.warm", "enable.auto.commit": False})
+        sample_data.ensure_topic(self.config, "kafka_batch_tests_warm", 1)
+        group.commit(offsets=[TopicPartition("kafka_batch_tests_warm", 0, 0)], asynchronous=False)
+        group.close()
+        admin = self._admin()
+        internal = [TopicPartition(topic, p) for topic in ("__consumer_offsets", "__transaction_state") for p in range(4)]
+        try:  # its keyword arguments fail in confluent-kafka 2.16's binding (SystemError)
+            admin.elect_leaders(ElectionType.PREFERRED, internal).result(timeout=60)
+        except KafkaException:  # ELECTION_NOT_NEEDED: each led by its preferred node already
+            pass
+
+    def group_leader(self, group: str) -> int:
+        """The node that coordinates `group` once it exists: the leader of its partition of __consumer_offsets."""
+        from kafka_batch_dev.kafka_broker import coordinator_partition
+
+        return self.leader("__consumer_offsets", coordinator_partition(group))
+
+    def group_coordinator(self, group: str) -> int:
+        import time
+
+        from confluent_kafka import KafkaException
+
+        admin = self._admin()  # referenced until its answer: a destroyed client never completes its futures
+        deadline = time.monotonic() + 60
+        while True:  # a fresh cluster's coordinators are still loading
+            try:
+                return admin.describe_consumer_groups([group], request_timeout=10)[group].result(
+                    timeout=15).coordinator.id
+            except (KafkaException, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        from kafka_batch_dev.kafka_broker import coordinator_partition
+
+        return self.leader("__transaction_state", coordinator_partition(transactional_id))
+
+    def kill(self, node: int) -> None:
+        from kafka_batch_dev import local_stack
+
+        local_stack.kill_kafka_node(self.home, node)
+
+    def freeze(self, node: int, frozen: bool = True) -> None:
+        from kafka_batch_dev import local_stack
+
+        local_stack.freeze_kafka_node(self.home, node, frozen)
+
+    def thaw(self) -> None:
+        """Every frozen node goes on (SIGCONT to a running one changes nothing)."""
+        from kafka_batch_dev import local_stack
+
+        state = local_stack.read_state(self.home)
+        for node in local_stack.kafka_nodes(state):
+            if local_stack._service_running(state, local_stack._node_key(node.id)):
+                local_stack.freeze_kafka_node(self.home, node.id, frozen=False)
+
+    def revive(self) -> None:
+        """Every node that is down starts again on its data; every frozen one goes on."""
+        from kafka_batch_dev import local_stack
+
+        self.thaw()
+        local_stack.revive_kafka(self.home)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(services, tmp_path_factory):
+    """A three-node cluster for one test module (the session's broker serves the other tests meanwhile)."""
+    import json
+
+    from kafka_batch_dev import local_stack
+
+    home = tmp_path_factory.mktemp("kafka_cluster")
+    state: dict = {}
+    try:
+        # A node that hangs stays registered for 30 s (Kafka's default broker.session.timeout.ms: 9), as a host
+        # whose heartbeats stall: the clients' coordinator lookups still name it (test_failover's hang).
+        local_stack.start_kafka(home, state, nodes=3, settings={"broker.session.timeout.ms": 30_000})
+        (home / "state.json").write_text(json.dumps(state))
+        cluster = KafkaCluster(home)
+        yield cluster
+        cluster.thaw()
+    finally:
+        left = local_stack.stop_kafka(local_stack.read_state(home) or state)
+        assert not left, f"Kafka nodes survived: {left}"

@@ -50,9 +50,10 @@ def admin_client(config: dict | None = None) -> AdminClient:
 
 
 def create_topic(topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
-    """Create the topic (it must be new) and wait until the broker's metadata has all its partitions."""
+    """Create the topic (it must be new; replicas: the cluster's default) and wait until the broker's metadata
+    has all its partitions."""
     admin = admin_client()
-    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).values():
+    for future in admin.create_topics([NewTopic(topic, partitions, config=config or {})]).values():
         future.result()
     sample_data.wait_for_topic(admin, topic, partitions)
 

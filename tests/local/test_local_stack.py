@@ -101,12 +101,12 @@ def test_up_and_down_from_a_directory_only_root_can_enter(private_dir, monkeypat
 def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(monkeypatch, capsys):
     base = Path(tempfile.mkdtemp(prefix="kafka_batch_stubborn_"))
     child_file = base / "broker-child.pid"
-    def stubborn_node(home, config, java):
+    def stubborn_node(home, config, java, nodes=1):
         [listeners] = [line for line in config.read_text().splitlines() if line.startswith("listeners=")]
         return stubborn_command(int(listeners.split(",")[0].rsplit(":", 1)[1]), child_file)
 
     monkeypatch.setattr(local_stack.kafka_broker, "node_command", stubborn_node)
-    monkeypatch.setattr(local_stack, "_broker_serves", lambda port: True)
+    monkeypatch.setattr(local_stack, "_cluster_serves", lambda ports: True)
     monkeypatch.setattr(local_stack, "KAFKA_STOP_GRACE", 1.0)
     monkeypatch.setattr(local_stack, "PG_STOP_TIMEOUT", 1)
     postmaster = None

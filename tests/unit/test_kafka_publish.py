@@ -94,3 +94,35 @@ def test_rows_arriving_in_task_order_go_out_in_offset_order_per_partition():
              [OffsetRange("t", 0, 20, 30, range_id=6)]]
     arriving = [_rows((3, 0, 0)), _rows((4, 0, 10)), _rows(), _rows((6, 0, 29))]
     assert _order(in_input_order(iter(arriving), tasks)) == [(0, 0), (0, 10), (0, 29)]
+
+
+def test_a_call_past_its_bound_ends_with_stuck_and_leaves_its_thread_behind():
+    # A stand-in for a librdkafka call that ignores its timeout: it returns only when released.
+    import threading
+    import time
+
+    from kafka_batch.kafka.bounded import Stuck, bounded
+
+    released = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(Stuck, match=r"send_offsets_to_transaction of t did not return within 0.3 s"):
+        bounded(lambda: released.wait(60), 0.3, "send_offsets_to_transaction of t")
+    assert time.monotonic() - started < 5
+    assert any(t.name.startswith("kafka-batch bounded") and t.daemon for t in threading.enumerate())
+    released.set()
+    # Within its bound: its result, or its own error as it was raised.
+    assert bounded(lambda: 7, 5, "a quick call") == 7
+    with pytest.raises(ZeroDivisionError):
+        bounded(lambda: 1 / 0, 5, "a failing call")
+
+
+def test_a_pipelines_tasks_have_time_bounds_from_its_limits_or_its_own():
+    from kafka_batch.config import parse_pipeline
+
+    base = {"name": "p", "topics": ["t"], "record": {"fields": {"a": "long"}},
+            "sinks": {"aggregate": {"table": "t", "group_by": {"a": "a"}, "measures": {"n": {"expr": "1", "type": "bigint"}}}}}
+    assert parse_pipeline(base).task_timeouts() == {"plan": 360, "execute": 1600, "report": 360}
+    small = parse_pipeline({**base, "limits": {"max_records_per_batch": 100_000}, "read": {"kafka_timeout_seconds": 10}})
+    assert small.task_timeouts() == {"plan": 160, "execute": 610, "report": 160}
+    own = parse_pipeline({**base, "timeouts": {"execute_seconds": 90}})
+    assert own.task_timeouts()["execute"] == 90

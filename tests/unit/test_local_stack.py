@@ -150,7 +150,7 @@ def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_
 
 
 def test_up_says_a_failure_in_one_line_without_a_traceback(monkeypatch, capsys):
-    def failing(spark_connect):
+    def failing(spark_connect, kafka_nodes):
         raise RuntimeError("the Kafka broker exited with 1; log /x/kafka.log")
 
     monkeypatch.setattr(local_stack, "up", failing)

@@ -1,12 +1,15 @@
-"""Apache Kafka's own broker, embedded: its jars from Maven Central and one KRaft node on loopback.
+"""Apache Kafka's own broker, embedded: its jars from Maven Central and KRaft nodes on loopback.
 
 `install()` resolves the pinned release (KAFKA_VERSION) from Maven Central (kafka_batch_dev.maven_jars)
 into `<local home>/kafka-<version>/libs`, once.
 
 `node_command()` and `write_config()` describe one node, broker and controller in one JVM (KRaft's
-combined mode), its internal topics set for one node, its storage formatted on first start
-(`format_storage`). The process itself is started and stopped by kafka_batch_dev.local_stack, as every
-other local service.
+combined mode), of a cluster of one node (the default) or three (`Node` gives each its ports). Three
+nodes are a cluster as production runs one: every node a voter of the controller quorum, internal and
+new topics with three replicas and `min.insync.replicas=2`, unclean leader election off, so one node
+can be down while reads, transactions and publishes go on. A node's storage is formatted on its first
+start (`format_storage`) with the cluster's one id. The processes themselves are started and stopped by
+kafka_batch_dev.local_stack, as every other local service.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from kafka_batch_dev.maven_jars import JarSet
@@ -32,10 +36,13 @@ MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 # Kafka's own start script's JVM settings (kafka-server-start.sh, kafka-run-class.sh) with a smaller
 # initial heap: the node shares two cores and the memory with Spark Connect, Postgres and Airflow.
-JVM_OPTIONS = ("-Xmx1g", "-Xms256m", "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+JVM_OPTIONS = ("-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
                "-Djava.awt.headless=true")
-NODE_ID = 1
+# One node's heap alone, each of three's: the cluster's JVMs share two cores and the memory with Spark
+# Connect, Postgres and Airflow (three 512 MB heaps held 3M-record batches and node kills).
+HEAP = {1: ("-Xmx1g", "-Xms256m"), 3: ("-Xmx512m", "-Xms128m")}
+SIZES = tuple(HEAP)  # the cluster sizes `kafka-batch local up --kafka-nodes` starts
 JARS = JarSet(f"Apache Kafka {KAFKA_VERSION}", f"kafka-{KAFKA_VERSION}/libs", ARTIFACTS,
               f"*kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar")  # Ivy prefixes the group to the name
 
@@ -57,27 +64,45 @@ def classpath(home: Path) -> str:
     return os.pathsep.join(str(jar) for jar in sorted(libs_dir(home).glob("*.jar")))
 
 
-def write_config(directory: Path, port: int, controller_port: int) -> Path:
-    """server.properties of one combined node on loopback (and its Log4j 2 configuration); the path."""
+@dataclass(frozen=True)
+class Node:
+    """One node of the local cluster: its id (1, 2, 3), its client port and its controller port."""
+
+    id: int
+    port: int
+    controller_port: int
+
+
+def write_config(directory: Path, node: Node, cluster: list[Node], extra: dict | None = None) -> Path:
+    """server.properties of one combined node of `cluster` on loopback, with `extra` settings over ours (and
+    its Log4j 2 configuration); the path."""
     directory.mkdir(parents=True, exist_ok=True)
+    replicas = min(len(cluster), 3)
+    in_sync = 2 if replicas >= 3 else 1  # a write is acknowledged by two of three: one node may be down
     settings = {
         "process.roles": "broker,controller",
-        "node.id": NODE_ID,
-        "controller.quorum.voters": f"{NODE_ID}@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "node.id": node.id,
+        "controller.quorum.voters": ",".join(f"{n.id}@127.0.0.1:{n.controller_port}" for n in cluster),
+        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": directory / "data",
-        # Internal topics for one node: one replica, one in sync, few partitions (each costs start-up time).
-        "offsets.topic.replication.factor": 1,
+        # Internal topics as replicated as new ones, with few partitions (each costs start-up time).
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "unclean.leader.election.enable": "false",  # Kafka's default, said: a lagging replica never leads
+        # A replica that stops fetching leaves the in-sync set after 10 s (Kafka's default: 30), so a node
+        # that hangs holds acks=all writes back for seconds, not half a minute.
+        "replica.lag.time.max.ms": 10_000,
+        "offsets.topic.replication.factor": replicas,
         "offsets.topic.num.partitions": 4,
-        "transaction.state.log.replication.factor": 1,
-        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
         "transaction.state.log.num.partitions": 4,
-        "share.coordinator.state.topic.replication.factor": 1,
-        "share.coordinator.state.topic.min.isr": 1,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
         "group.initial.rebalance.delay.ms": 0,
         # What the tests wait for happens within seconds, not Kafka's minutes: the coordinator's look for
         # transactions past their timeout, the cleaner's look for logs to compact, retention's look for
@@ -85,6 +110,7 @@ def write_config(directory: Path, port: int, controller_port: int) -> Path:
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
         "log.cleaner.backoff.ms": 1000,
         "log.retention.check.interval.ms": 1000,
+        **(extra or {}),
     }
     (directory / "log4j2.properties").write_text(
         "status = warn\n"
@@ -99,6 +125,22 @@ def write_config(directory: Path, port: int, controller_port: int) -> Path:
     return path
 
 
+def coordinator_partition(key: str, partitions: int = 4) -> int:
+    """The partition of `__consumer_offsets` (a group id) or `__transaction_state` (a transactional id) whose
+    leader coordinates `key`: Kafka's own rule, abs(String.hashCode()) modulo the topic's partitions (both
+    have 4 here: write_config)."""
+    h = 0
+    utf16 = key.encode("utf-16-be")
+    for i in range(0, len(utf16), 2):
+        h = (31 * h + int.from_bytes(utf16[i:i + 2], "big")) & 0xFFFFFFFF
+    h = h - (1 << 32) if h >= 1 << 31 else h
+    return 0 if h == -(1 << 31) else abs(h) % partitions
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 def _java(java_home: str | None) -> str:
     return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
 
@@ -110,15 +152,20 @@ def _jvm_command(home: Path, config: Path, java_home: str | None, options: tuple
             "-cp", classpath(home), main_class, *args]
 
 
-def node_command(home: Path, config: Path, java_home: str | None) -> list[str]:
-    return _jvm_command(home, config, java_home, JVM_OPTIONS, MAIN_CLASS, str(config))
+def node_command(home: Path, config: Path, java_home: str | None, nodes: int = 1) -> list[str]:
+    return _jvm_command(home, config, java_home, (*HEAP[nodes], *JVM_OPTIONS), MAIN_CLASS, str(config))
 
 
-def format_storage(home: Path, config: Path, java_home: str | None) -> None:
-    """Format the node's storage once (KRaft needs a cluster id and its metadata log before the first start)."""
-    if (config.parent / "data" / "meta.properties").exists():
+def formatted(config: Path) -> bool:
+    return (config.parent / "data" / "meta.properties").exists()
+
+
+def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: str | None = None) -> None:
+    """Format the node's storage once (KRaft needs a cluster id and its metadata log before the first
+    start); every node of a cluster with the cluster's one id."""
+    if formatted(config):
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = cluster_id or new_cluster_id()
     # One argument with its option: an id may begin with "-", which would read as an option of its own.
     command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
                            f"--cluster-id={cluster_id}")

@@ -333,48 +333,142 @@ def start_postgres(base: Path, state: dict) -> None:
 
 
 KAFKA = "the Kafka broker"
+KAFKA_NODES_VARIABLE = "KAFKA_BATCH_KAFKA_NODES"  # how many nodes `up` starts when no flag says: 1 or 3
 
 
-def start_kafka(base: Path, state: dict) -> None:
-    """Apache Kafka's broker: one KRaft node on loopback (kafka_broker), its configuration, data and log
-    (`kafka.log`) under `base`, its jars in the local home (fetched here if `make install` did not)."""
+def _node_key(node_id: int) -> str:
+    """Where a node's port, pid and start time are kept in the state (node 1 as a lone broker always was)."""
+    return "kafka" if node_id == 1 else f"kafka_{node_id}"
+
+
+def _node_dir(base: Path, node_id: int) -> Path:
+    return base / ("kafka" if node_id == 1 else f"kafka-{node_id}")
+
+
+def kafka_nodes(state: dict) -> list[kafka_broker.Node]:
+    """The nodes of the local cluster that `up` made, with their ports."""
+    return [kafka_broker.Node(i, state[f"{_node_key(i)}_port"], state[f"{_node_key(i)}_controller_port"])
+            for i in range(1, state.get("kafka_nodes", 1) + 1) if f"{_node_key(i)}_port" in state]
+
+
+def bootstrap_servers(state: dict) -> str:
+    return ",".join(f"127.0.0.1:{node.port}" for node in kafka_nodes(state))
+
+
+def _requested_nodes(base: Path, nodes: int | None, state: dict) -> int:
+    """The cluster's size: as asked (flag, then KAFKA_BATCH_KAFKA_NODES), else as made before, else one."""
+    asked = nodes or int(os.environ.get(KAFKA_NODES_VARIABLE) or 0) or None
+    made = state.get("kafka_nodes", 1) if kafka_broker.formatted(_node_dir(base, 1) / "server.properties") else None
+    if asked is not None and asked not in kafka_broker.SIZES:
+        raise RuntimeError(f"a local Kafka cluster has {' or '.join(map(str, kafka_broker.SIZES))} nodes, not {asked}")
+    if made and asked and asked != made:
+        raise RuntimeError(f"the local Kafka was made with {made} node(s) and its data is kept; `make down`, then"
+                           f" remove its data (`make clean` removes every local service's) to start {asked}")
+    return asked or made or 1
+
+
+def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dict | None = None) -> None:
+    """Apache Kafka: one KRaft node on loopback, or a cluster of three (kafka_broker), each node's
+    configuration, data and log (`kafka.log`, `kafka-2.log`, ...) under `base`, its jars in the local
+    home (fetched here if `make install` did not). A node that is not running starts on its ports and
+    data (one killed comes back); the others are left as they are. `settings`: broker settings over ours,
+    kept for the nodes' later starts."""
     from kafka_batch.spark.submit import java_home, spark_environment
 
+    count = _requested_nodes(base, nodes, state)
     kafka_broker.install(home(), spark_environment())
-    port = state.get("kafka_port") or free_port()
-    controller_port = state.get("kafka_controller_port") or free_port()
-    config = kafka_broker.write_config(base / "kafka", port, controller_port)
+    cluster = [kafka_broker.Node(i, state.get(f"{_node_key(i)}_port") or free_port(),
+                                 state.get(f"{_node_key(i)}_controller_port") or free_port())
+               for i in range(1, count + 1)]
+    cluster_id = state.get("kafka_cluster_id") or kafka_broker.new_cluster_id()
+    if settings is not None:
+        state["kafka_settings"] = settings
+    settings = state.get("kafka_settings", {})
     java = java_home()
-    kafka_broker.format_storage(home(), config, java)
-    _start_service(base, state, "kafka", KAFKA, kafka_broker.node_command(home(), config, java), port, timeout=120)
-    state["kafka_controller_port"] = controller_port
-    _wait(lambda: _broker_serves(port) or not _service_running(state, "kafka"), KAFKA, base / "kafka.log", timeout=120)
-    if not _service_running(state, "kafka"):
-        raise RuntimeError(f"{KAFKA} exited; log {base / 'kafka.log'}:\n{_log_tail(base / 'kafka.log')}")
+    launched = []
+    for node in cluster:
+        key = _node_key(node.id)
+        config = kafka_broker.write_config(_node_dir(base, node.id), node, cluster, settings)
+        kafka_broker.format_storage(home(), config, java, cluster_id)
+        state[f"{key}_controller_port"] = node.controller_port
+        if not _service_running(state, key):
+            # Every node first, then the waits: a node of three serves once a majority of the quorum is up.
+            launched.append((node, _launch_service(base, state, key, kafka_broker.node_command(home(), config, java,
+                                                                                             count), node.port)))
+    state.update(kafka_nodes=count, kafka_cluster_id=cluster_id)
+    for node, proc in launched:
+        what = KAFKA if count == 1 else f"Kafka node {node.id}"
+        _await_service(base, state, _node_key(node.id), what, proc, node.port, timeout=120)
+    ports = [node.port for node in cluster]
+    log = base / "kafka.log"
+    _wait(lambda: _cluster_serves(ports) or not _kafka_running(state), KAFKA, log, timeout=120)
+    for node in cluster:
+        if not _service_running(state, _node_key(node.id)):
+            log = base / f"{_node_key(node.id).replace('_', '-')}.log"
+            raise RuntimeError(f"Kafka node {node.id} exited; log {log}:\n{_log_tail(log)}")
 
 
-def _broker_serves(port: int) -> bool:
-    """The node answers metadata naming itself: its broker has registered with its controller."""
+def _cluster_serves(ports: list[int]) -> bool:
+    """Every node answers metadata naming all of them: each broker has registered with the controller."""
     from confluent_kafka.admin import AdminClient
 
     try:
-        return bool(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2).brokers)
+        return all(len(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2).brokers)
+                   == len(ports) for port in ports)
     except Exception:  # KafkaException while it starts
         return False
 
 
+def kill_kafka_node(base: Path, node_id: int) -> None:
+    """SIGKILL one node of the local cluster, as a host that dies (`start_kafka` brings it back)."""
+    state = read_state(base)
+    key = _node_key(node_id)
+    if _service_running(state, key):
+        pid = state[f"{key}_pid"]
+        left = stop_processes({pid}, {pid}, [(signal.SIGKILL, KILL_WAIT)])
+        if left:
+            raise RuntimeError(f"Kafka node {node_id} survived SIGKILL: {_describe_processes(left)}")
+
+
+def freeze_kafka_node(base: Path, node_id: int, frozen: bool = True) -> None:
+    """SIGSTOP one node (a host that hangs: its connections stay open and nothing answers), or SIGCONT it."""
+    state = read_state(base)
+    key = _node_key(node_id)
+    if not _service_running(state, key):
+        raise RuntimeError(f"Kafka node {node_id} is not running")
+    os.killpg(state[f"{key}_pid"], signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
+def revive_kafka(base: Path) -> None:
+    """Start again whatever node of the local cluster is down, on its ports and data."""
+    state = read_state(base)
+    start_kafka(base, state)
+    _state_path(base).write_text(json.dumps(state, indent=2))
+
+
 def _kafka_running(state: dict) -> bool:
-    return _service_running(state, "kafka") and _port_open(state["kafka_port"])
+    """Every node of the local cluster runs and listens."""
+    nodes = kafka_nodes(state)
+    return bool(nodes) and all(_service_running(state, _node_key(n.id)) and _port_open(n.port) for n in nodes)
 
 
 def _start_service(base: Path, state: dict, key: str, what: str, command: list[str], port: int,
                    env: dict[str, str] | None = None, timeout: float = 60.0) -> None:
     """Start a server in its own session and process group (`down` signals the group), logging to
     `<key>.log`; once its port answers, record its port, pid and start time under `key` in `state`."""
-    log = base / f"{key.replace('_', '-')}.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    _await_service(base, state, key, what, _launch_service(base, state, key, command, port, env), port, timeout)
+
+
+def _launch_service(base: Path, state: dict, key: str, command: list[str], port: int,
+                    env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(base / f"{key.replace('_', '-')}.log", "ab") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
+
+
+def _await_service(base: Path, state: dict, key: str, what: str, proc: subprocess.Popen, port: int,
+                   timeout: float = 60.0) -> None:
+    log = base / f"{key.replace('_', '-')}.log"
     _wait(lambda: _port_open(port) or proc.poll() is not None, what, log, timeout=timeout)
     if proc.poll() is not None:
         raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{_log_tail(log)}")
@@ -396,7 +490,17 @@ def _service_running(state: dict, key: str) -> bool:
 
 
 def stop_kafka(state: dict) -> set[int]:
-    return _stop_service(state, "kafka", KAFKA, KAFKA_STOP_GRACE)
+    """Stop every node of the local cluster at once (one by one, the last would wait for a quorum of
+    controllers to shut down under): SIGTERM, then SIGKILL after a grace; return survivors."""
+    nodes = [_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1)]
+    pids = {state[f"{key}_pid"] for key in nodes if _service_running(state, key)}
+    groups = {pid for pid in pids if _is_group_leader(pid)}
+    left = stop_processes(pids, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
+    if left:
+        print(f"kafka-batch local: {KAFKA} ignored SIGTERM ({_describe_processes(left)}): sending SIGKILL",
+              file=sys.stderr)
+        left = stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
+    return left
 
 
 def _stop_service(state: dict, key: str, what: str, grace: float = STOP_GRACE) -> set[int]:
@@ -525,7 +629,7 @@ def stop_postgres(base: Path) -> set[int]:
 
 def connections_env(state: dict) -> dict[str, str]:
     """The AIRFLOW_CONN_* values of the local services (no secrets: trust auth on loopback)."""
-    kafka = {"bootstrap.servers": f"127.0.0.1:{state['kafka_port']}"}
+    kafka = {"bootstrap.servers": bootstrap_servers(state)}
     return {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
         "AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps(
@@ -596,15 +700,17 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
     marker.touch()
 
 
-def up(base: Path | None = None, spark_connect: bool = True) -> dict[str, str]:
+def up(base: Path | None = None, spark_connect: bool = True, kafka_nodes: int | None = None) -> dict[str, str]:
+    """Start what is not running. `kafka_nodes`: one Kafka node or a cluster of three (default: as
+    KAFKA_BATCH_KAFKA_NODES says, else as the local data was made, else one)."""
     base = (base or home()).resolve()
     base.mkdir(parents=True, exist_ok=True)
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    kafka_started = not _kafka_running(state)
+    kafka_started = not _kafka_running(state) or (kafka_nodes or 0) > state.get("kafka_nodes", 1)
     if kafka_started:
-        start_kafka(base, state)
+        start_kafka(base, state, kafka_nodes)
     if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
         start_schema_registry(base, state)
     if spark_connect and not (_service_running(state, "spark_connect") and _port_open(state["spark_connect_port"])):
@@ -739,7 +845,8 @@ def down(base: Path | None = None) -> None:
             KAFKA: stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    for service, keys in ((KAFKA, ("kafka",)), (SPARK_CONNECT, ("spark_connect",)),
+    nodes = tuple(_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1))
+    for service, keys in ((KAFKA, nodes), (SPARK_CONNECT, ("spark_connect",)),
                           (SCHEMA_REGISTRY, ("schema_registry",))):
         if not left[service]:
             for key in keys:
@@ -756,11 +863,12 @@ def down(base: Path | None = None) -> None:
 def restart(service: str, base: Path | None = None, kill: bool = False) -> None:
     """Stop one service ("postgres" or "kafka") and start it again on the same port and data: what the
     fault-injection suite does to the pipeline under it. `kill`: the broker gets SIGKILL, not a chance to
-    shut down (its next start recovers its logs)."""
+    shut down (its next start recovers its logs). Kafka: every node of the local cluster."""
     base = (base or home()).resolve()
     state = read_state(base)
-    if kill and service == "kafka" and _service_running(state, "kafka"):
-        stop_processes({state["kafka_pid"]}, {state["kafka_pid"]}, [(signal.SIGKILL, KILL_WAIT)])
+    if kill and service == "kafka":
+        for node in kafka_nodes(state):
+            kill_kafka_node(base, node.id)
     stop, start = {"postgres": (lambda: stop_postgres(base), start_postgres),
                    "kafka": (lambda: stop_kafka(state), start_kafka),
                    "schema_registry": (lambda: stop_schema_registry(state), start_schema_registry)}[service]
@@ -785,7 +893,9 @@ def console_hint(base: Path | None = None) -> str:
 def describe(env: dict[str, str]) -> str:
     state = read_state()
     return "\n".join([
-        f"Kafka bootstrap : 127.0.0.1:{state['kafka_port']} (Apache Kafka {kafka_broker.KAFKA_VERSION}; log {home() / 'kafka.log'})",
+        f"Kafka bootstrap : {bootstrap_servers(state)} (Apache Kafka {kafka_broker.KAFKA_VERSION}, "
+        + (f"{state['kafka_nodes']} nodes, replication factor 3, min.insync.replicas 2; logs {home()}/kafka*.log)"
+           if state.get("kafka_nodes", 1) > 1 else f"one node; log {home() / 'kafka.log'})"),
         f"Schema Registry : http://127.0.0.1:{state['schema_registry_port']} (connection schema_registry_default)",
         f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
         f"(the pipeline's role; administrator: postgres)",
@@ -797,7 +907,7 @@ def describe(env: dict[str, str]) -> str:
 
 
 def _up(args: argparse.Namespace) -> None:
-    env = up(spark_connect=not args.no_spark_connect)
+    env = up(spark_connect=not args.no_spark_connect, kafka_nodes=args.kafka_nodes)
     print(describe(env))
     if args.airflow:
         base = home()
@@ -818,6 +928,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-spark-connect", action="store_true",
                         help="with up: no Spark Connect server (the samples' connection spark_connect_default is then"
                         " undefined; pipelines on spark_default use spark-submit)")
+    parser.add_argument("--kafka-nodes", type=int, choices=kafka_broker.SIZES,
+                        help="with up: Kafka as one node (the default) or a replicated cluster of three (replication"
+                        f" factor 3, min.insync.replicas 2); default: ${KAFKA_NODES_VARIABLE}, else as the local data"
+                        " was made")
     parser.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if args.action == "install":

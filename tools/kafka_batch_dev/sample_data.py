@@ -16,11 +16,11 @@ PAGES = ["/", "/search", "/cart", "/checkout", "/product/1", "/product/2", "/pro
 
 
 def ensure_topic(config: dict[str, Any], topic: str, partitions: int, settings: dict[str, str] | None = None) -> None:
-    """Create the topic (with its `settings`, e.g. cleanup.policy) unless it exists."""
+    """Create the topic (with its `settings`, e.g. cleanup.policy; replicas: the cluster's default) unless it exists."""
     admin = AdminClient({k: v for k, v in config.items() if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))})
     if topic in admin.list_topics(timeout=30).topics:
         return
-    futures = admin.create_topics([NewTopic(topic, partitions, 1, config=settings or {})])
+    futures = admin.create_topics([NewTopic(topic, partitions, config=settings or {})])
     for future in futures.values():
         future.result()
     wait_for_topic(admin, topic, partitions)

@@ -256,9 +256,11 @@ def _add_tasks(dag: DAG, pipeline: Pipeline, plan_next, mode: str = "commit") ->
 
     The tasks are made outside the DAG and then added: a task made inside it gets a deep copy of the
     DAG's params at each constructor level (six per DAG), a third of a 200-pipeline folder's parse; a
-    run's tasks read the DAG's params all the same (Airflow merges them into the run's context)."""
+    run's tasks read the DAG's params all the same (Airflow merges them into the run's context).
+    Each task has its `execution_timeout` from the pipeline (`timeouts`): nothing of a run waits forever."""
+    bounds = {task: timedelta(seconds=seconds) for task, seconds in pipeline.task_timeouts().items()}
     plan = PythonOperator(task_id="plan", python_callable=_bound(plan_next, pipeline), doc_md=plan_next.__doc__,
-                          **DEFAULT_ARGS)
+                          execution_timeout=bounds["plan"], **DEFAULT_ARGS)
     execute = BatchSparkSubmitOperator(
         task_id="execute",
         pipeline=pipeline,
@@ -266,12 +268,14 @@ def _add_tasks(dag: DAG, pipeline: Pipeline, plan_next, mode: str = "commit") ->
         plan_status="{{ ti.xcom_pull(task_ids='plan')['status'] }}",
         mode=mode,
         **({"pool": pipeline.pool} if pipeline.pool else {}),
+        execution_timeout=bounds["execute"],
         **DEFAULT_ARGS,
     )
     dag.add_tasks([plan, execute])
     # Its argument, plan's XCom, makes plan its upstream, and that adds it to plan's DAG.
     report = PythonOperator(task_id="report", python_callable=_bound(_report, pipeline), op_args=[plan.output],
-                            trigger_rule=TriggerRule.NONE_FAILED, doc_md=_report.__doc__, **DEFAULT_ARGS)
+                            trigger_rule=TriggerRule.NONE_FAILED, doc_md=_report.__doc__,
+                            execution_timeout=bounds["report"], **DEFAULT_ARGS)
     plan >> execute >> report
 
 
@@ -291,7 +295,8 @@ def _report(pipeline: Pipeline, summary: dict) -> dict:
     finally:
         conn.close()
     log.info("%s %s %s: %s records, %s quarantined, lag now %s", result["kind"], result["batch_id"],
-             result["status"], result["records_read"], result["records_invalid"] or 0, result["lag"])
+             result["status"], result["records_read"], result["records_invalid"] or 0,
+             result["lag"] if result["lag"] is not None else f"unknown ({result['lag_error']})")
     for p in result["partitions"]:
         log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
                  p["last_stable"], p["lag"])

@@ -221,7 +221,8 @@ def cmd_run(args) -> int:
     quarantined = f", {invalid} quarantined (kafka-batch quarantine --pipeline {pipeline.name})" if invalid else ""
     records = summary["records_read"] or 0
     rate = f" in {summary['seconds']:.0f} s ({records / summary['seconds']:,.0f} records/s)" if batch.runnable else ""
-    print(f"batch {summary['batch_id']} {summary['status']}: {records} records{rate}{quarantined}; lag {summary['lag']}")
+    lag = summary["lag"] if summary["lag"] is not None else f"unknown ({summary['lag_error']})"
+    print(f"batch {summary['batch_id']} {summary['status']}: {records} records{rate}{quarantined}; lag {lag}")
     return 0
 
 
@@ -447,7 +448,7 @@ def cmd_fence(args) -> int:
     from kafka_batch.kafka.publish import Publisher
 
     for sink in sinks:
-        publisher = Publisher(_publish_config(pipeline), pipeline.name, sink.topic)
+        publisher = Publisher(_publish_config(pipeline), pipeline.name, sink.topic, timeout=sink.call_timeout_seconds)
         try:
             publisher.fence()
         finally:
@@ -521,6 +522,8 @@ def cmd_local(args) -> int:
     from kafka_batch_dev import local_stack
 
     flags = [flag for flag, on in (("--airflow", args.airflow), ("--no-spark-connect", args.no_spark_connect)) if on]
+    if args.kafka_nodes:
+        flags += ["--kafka-nodes", str(args.kafka_nodes)]
     return local_stack.main([args.action, *flags])
 
 
@@ -626,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "dag-processor and triggerer on loopback")
     p.add_argument("--no-spark-connect", action="store_true", help="with up: without the Spark Connect server "
                    "(started by default on loopback as connection spark_connect_default)")
+    p.add_argument("--kafka-nodes", type=int, choices=(1, 3), help="with up: Apache Kafka as one node (the default)"
+                   " or a replicated cluster of three (replication factor 3, min.insync.replicas 2); default:"
+                   " $KAFKA_BATCH_KAFKA_NODES, else as the local data was made")
     p.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.set_defaults(func=cmd_local)
     p = sub.add_parser("schema", help="print the JSON Schema of a pipeline definition (for editors and CI checks)")

@@ -5,6 +5,7 @@ Read-only: nothing here changes progress.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -13,7 +14,10 @@ from kafka_batch.core import batches, database
 from kafka_batch.core.database import transaction
 from kafka_batch.core.planning import ask_kafka, partition_states
 from kafka_batch.core.state import BatchStatus
+from kafka_batch.errors import ServiceError
 from kafka_batch.kafka.source import KafkaOffsets
+
+log = logging.getLogger("kafka_batch.report")
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,15 @@ def status(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> list[PartitionStatu
 
 
 def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict:
-    """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details."""
+    """A summary for logs and XCom: the batch's counts and per-partition lag; no connection details. The
+    batch is what Postgres says: a cluster that does not answer leaves the lag unknown (`lag_error` says
+    why), it does not fail a batch that committed."""
     batch = batches.load_batch(conn, batch_id)
-    partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
+    try:
+        partitions = [asdict(s) for s in status(conn, kafka, pipeline)]
+    except ServiceError as exc:
+        log.warning("batch %s: the lag is unknown: %s", batch_id, exc)
+        return {**batch.summary(), "lag": None, "partitions": [], "lag_error": str(exc)}
     result = {**batch.summary(), "lag": sum(p["lag"] for p in partitions), "partitions": partitions}
     if batch.status == BatchStatus.PREVIEWED:
         result["preview"] = batches.replay_preview(conn, batch_id)

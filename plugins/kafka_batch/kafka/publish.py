@@ -10,6 +10,9 @@ transaction commits, so after `init_transactions` (which fences every older prod
 what it left open) they say which batch's output the id committed last. `decide` turns that, and which
 batches Postgres still has in flight, into what an attempt does; docs/design.md ("Publishing to Kafka")
 has the argument.
+
+Every call that waits on a broker runs under `bounded` (its timeout and a grace): librdkafka may outlast
+its own timeout when a coordinator's node dies, and the attempt must end all the same.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import enum
 import json
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
+from kafka_batch.kafka.bounded import GRACE_SECONDS, Stuck, bounded
 from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
 
 log = logging.getLogger("kafka_batch.kafka.publish")
@@ -111,6 +116,17 @@ class Publisher:
         })
         self._group = _publish_group(self._config, self.transactional_id)
         self._open = False  # a transaction begun and neither committed nor aborted
+        self._stuck = False  # a call outlasted its bound: the handles are given up, never called again
+
+    def _bounded(self, call, what: str):
+        """`call()` on the producer or the group, within the client's timeout and a grace (kafka.bounded)."""
+        if self._stuck:
+            raise Stuck(f"{self.transactional_id}: an earlier call did not return; this producer is given up")
+        try:
+            return bounded(call, self._timeout + GRACE_SECONDS, f"{what} of {self.transactional_id}")
+        except Stuck:
+            self._stuck, self._open = True, False
+            raise
 
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
@@ -118,7 +134,7 @@ class Publisher:
         is refused first, in one line (a producer would wait for it until its messages time out)."""
         KafkaOffsets(self._config, self._timeout).partitions((self.topic,))
         try:
-            self._producer.init_transactions(self._timeout)
+            self._bounded(lambda: self._producer.init_transactions(self._timeout), "init_transactions")
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
                 raise InputError(f"the broker refused transaction.timeout.ms of {self.transactional_id}:"
@@ -129,7 +145,8 @@ class Publisher:
     def published(self, inputs: Iterable[tuple[str, int]] = ()) -> list[Published]:
         """The identities the publish group holds (after `fence`: final); `inputs`, the batch's input
         partitions, for identities releases before 0.2 committed under them."""
-        return _identities(self._group, self.transactional_id, self.topic, inputs, self._timeout)
+        return self._bounded(lambda: _identities(self._group, self.transactional_id, self.topic, inputs, self._timeout),
+                             "reading the publish group")
 
     def publish(self, messages: Iterable[Message], identity: Published) -> int:
         """Produce the messages and commit them with the batch's identity, in one transaction; returns how
@@ -158,8 +175,10 @@ class Publisher:
         with self._failing(identity):
             self._begin()
             offsets = [TopicPartition(self.topic, IDENTITY_PARTITION, identity.batch_id, metadata=identity.metadata())]
-            self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), self._timeout)
-            self._producer.commit_transaction(self._timeout)
+            group = self._group.consumer_group_metadata()
+            self._bounded(lambda: self._producer.send_offsets_to_transaction(offsets, group, self._timeout),
+                          "send_offsets_to_transaction")
+            self._bounded(lambda: self._producer.commit_transaction(self._timeout), "commit_transaction")
             self._open = False
 
     def _begin(self) -> None:
@@ -193,13 +212,20 @@ class Publisher:
             raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc) from None
 
     def _produce_when_queued(self, topic: str, key, value, headers) -> None:
+        """Wait for room in the local queue, as long as the client's timeout: a queue that does not drain
+        for that long is a cluster that does not take the messages."""
+        deadline = time.monotonic() + self._timeout
         while True:
             self._producer.poll(0.05)
             try:
                 self._producer.produce(topic, value, key, headers=headers)
                 return
             except BufferError:
-                continue
+                if time.monotonic() > deadline:
+                    self.abort()
+                    raise ServiceError(f"{self.transactional_id}: the producer's queue did not drain within"
+                                       f" {self._timeout:g} s: the brokers of {topic!r} do not take its messages;"
+                                       " nothing of the transaction is visible") from None
 
     def abort(self) -> None:
         """End an open transaction unpublished, where the broker still lets this producer."""
@@ -207,14 +233,21 @@ class Publisher:
             return
         self._open = False
         try:
-            self._producer.abort_transaction(self._timeout)
-        except KafkaException:
-            pass  # fenced or fatal: the next attempt's init_transactions ends it
+            self._bounded(lambda: self._producer.abort_transaction(self._timeout), "abort_transaction")
+        except (KafkaException, Stuck):
+            pass  # fenced, fatal or stuck: the next attempt's init_transactions ends it
 
     def close(self) -> None:
-        """Abort what was not committed, and let go of the publish group."""
+        """Abort what was not committed, and let go of the producer and the publish group, each within its
+        bound (closing a handle has no timeout of its own). Given up after a stuck call: nothing is called."""
         self.abort()
-        self._group.close()
+        if self._stuck:
+            return
+        for handle, what in ((self._producer, "closing the producer"), (self._group, "closing the publish group")):
+            try:
+                self._bounded(handle.close, what)
+            except (KafkaException, RuntimeError, Stuck):
+                pass  # closed already, or given up: the broker forgets the client by itself
 
 
 def published_pending(config: dict[str, Any], pipeline, pending: Mapping[int, str],
@@ -227,7 +260,7 @@ def published_pending(config: dict[str, Any], pipeline, pending: Mapping[int, st
     found: dict[int, str] = {}
     inputs = list(inputs)
     for sink in pipeline.publishing_sinks:
-        publisher = Publisher(config, pipeline.name, sink.topic)
+        publisher = Publisher(config, pipeline.name, sink.topic, timeout=sink.call_timeout_seconds)
         try:
             publisher.fence()
             found.update({p.batch_id: sink.topic for p in publisher.published(inputs) if p.batch_id in pending})
@@ -262,10 +295,13 @@ def _sink_state(config: dict[str, Any], pipeline: str, topic: str, inputs: list[
     held = {tp: (stable[tp].last_stable, ends[tp]) for tp in partitions if stable[tp].last_stable < ends[tp]}
     since = first_timestamps(config, {tp: lso for tp, (lso, _) in held.items()}, timeout, committed=False)
     group = _publish_group(admin_config(config), transactional_id(pipeline, topic))
+    what = f"the publish group {transactional_id(pipeline, topic)}"
     try:
-        found = _identities(group, transactional_id(pipeline, topic), topic, inputs, timeout)
+        found = bounded(lambda: _identities(group, transactional_id(pipeline, topic), topic, inputs, timeout),
+                        timeout + GRACE_SECONDS, f"reading {what}")
     finally:
-        group.close()
+        with contextlib.suppress(KafkaException, RuntimeError, Stuck):
+            bounded(group.close, timeout + GRACE_SECONDS, f"closing {what}")
     last = max(found, key=lambda p: p.batch_id, default=None)
     return {"topic": topic, "transactional_id": transactional_id(pipeline, topic),
             "last_published": None if last is None else asdict(last),
@@ -279,16 +315,27 @@ def _publish_group(config: dict[str, Any], group_id: str) -> Consumer:
     return Consumer({**config, "group.id": group_id, "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
 
 
+_COORDINATOR_MOVED = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                      KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
 def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tuple[str, int]],
                 timeout: float) -> list[Published]:
     """The batch identities the publish group's offsets carry: under the output topic's first partition,
     and under the input partitions, where releases before 0.2 committed them (a batch such a release
     published and Postgres has not committed yet must still be found)."""
     keys = [TopicPartition(topic, IDENTITY_PARTITION), *(TopicPartition(t, p) for t, p in inputs)]
-    try:
-        committed = group.committed(keys, timeout=timeout)
-    except KafkaException as exc:
-        raise _service_error(f"could not read the publish group {group_id}", exc) from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            committed = group.committed(keys, timeout=max(1.0, deadline - time.monotonic()))
+            break
+        except KafkaException as exc:
+            # The group's coordinator moved (a node died, a leader was elected): ask again, as Kafka's own
+            # clients do, until the timeout.
+            if exc.args[0].code() not in _COORDINATOR_MOVED or time.monotonic() >= deadline:
+                raise _service_error(f"could not read the publish group {group_id}", exc) from None
+            time.sleep(0.5)
     return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
 
 

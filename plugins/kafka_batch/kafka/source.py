@@ -9,6 +9,7 @@ leave offsets without records.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import itertools
 import logging
 import re
@@ -17,10 +18,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from kafka_batch.errors import DataLossError, InputError, ServiceError
+from kafka_batch.kafka.bounded import GRACE_SECONDS
 from kafka_batch.kafka.ranges import OffsetRange
 
 # librdkafka's own log lines (e.g. one per failed reconnect, many a second while a broker is down) go
@@ -96,9 +106,17 @@ class KafkaOffsets:
     def cluster_id(self) -> str:
         """The cluster's id, which the transactional check's verdict is kept under."""
         try:
-            return self._admin.describe_cluster(request_timeout=self._timeout).result().cluster_id
+            return self._answer(self._admin.describe_cluster(request_timeout=self._timeout), "describing the cluster"
+                                ).cluster_id
         except KafkaException as exc:
             raise self._unavailable(f"Kafka did not describe its cluster within {self._timeout:.0f}s", exc) from None
+
+    def _answer(self, future, what: str):
+        """An admin request's answer, waited for within the request's timeout and a grace (kafka.bounded)."""
+        try:
+            return future.result(timeout=self._timeout + GRACE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            raise ServiceError(f"Kafka did not answer {what} within {self._timeout + GRACE_SECONDS:g} s") from None
 
     def partitions(self, topics: tuple[str, ...], pattern: str | None = None) -> list[tuple[str, int]]:
         """The partitions of the named topics, or of every topic whose whole name matches `pattern`. Named
@@ -161,15 +179,34 @@ class KafkaOffsets:
 
     def _list(self, partitions: list[tuple[str, int]], spec: OffsetSpec,
               isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
-        request = {TopicPartition(t, p): spec for t, p in partitions}
-        futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=self._timeout)
-        result = {}
-        for tp, future in futures.items():
-            try:
-                result[(tp.topic, tp.partition)] = future.result().offset
-            except KafkaException as exc:
-                raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc) from None
-        return result
+        """One offset per partition. A partition whose leader died is answered with no offset
+        (OFFSET_INVALID), not an error, as long as the client's metadata names that leader: its topic's
+        metadata is asked for (which refreshes them) and the partition again, until the cluster has elected
+        another leader (seconds), within the timeout. Each request waits a quarter of it (at least 5 s):
+        a dead leader is waited for until the request's timeout."""
+        deadline = time.monotonic() + self._timeout
+        result: dict[tuple[str, int], int] = {}
+        asking = list(partitions)
+        while True:
+            request = {TopicPartition(t, p): spec for t, p in asking}
+            wait = max(1.0, min(deadline - time.monotonic(), max(5.0, self._timeout / 4)))
+            futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=wait)
+            for tp, future in futures.items():
+                try:
+                    result[(tp.topic, tp.partition)] = self._answer(future, f"listing offsets of {tp.topic}[{tp.partition}]"
+                                                                    ).offset
+                except KafkaException as exc:
+                    raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc) from None
+            asking = [tp for tp in asking if result[tp] == OFFSET_INVALID]
+            if not asking:
+                return result
+            if time.monotonic() >= deadline:
+                named = ", ".join(f"{t}[{p}]" for t, p in asking[:5]) + (" ..." if len(asking) > 5 else "")
+                raise ServiceError(f"Kafka gave no offset for {named} within {self._timeout:g} s: no leader (a node is"
+                                   " down and no in-sync replica took over)")
+            time.sleep(0.5)
+            for topic in {t for t, _ in asking}:
+                self._metadata(topic)
 
 
 def reader_config(config: dict[str, Any]) -> dict[str, Any]:

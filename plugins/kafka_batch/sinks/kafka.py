@@ -85,6 +85,13 @@ class KafkaSink(Sink):
     messages at 50,000 a second plus three `read.kafka_timeout_seconds` is refused. At most the broker's
     `transaction.max.timeout.ms` (default 900)."""
 
+    call_timeout_seconds: PositiveInt = 60
+    """How long each of the producer's calls waits for the brokers (starting the transactional producer,
+    reading the publish group, committing or aborting the transaction). A call that does not return within
+    it and 15 s more ends the attempt as a retried error, whatever the Kafka client does with its own
+    timeout (a coordinator's node that dies or hangs can hold librdkafka past it); the next attempt
+    fences the producer and finds out whether the batch was published."""
+
     @model_validator(mode="after")
     def _one_shape(self) -> KafkaSink:
         if (self.value is None) == (self.changelog_of is None):
@@ -225,7 +232,7 @@ class KafkaSink(Sink):
     def _fenced(self, kafka_config: dict, batch, pending: dict[int, str]) -> Publisher | None:
         """The topic's producer for this attempt, every older one fenced, if the batch is still to publish
         (`decide`); None, its producer closed, if an earlier attempt's transaction committed it."""
-        publisher = Publisher(kafka_config, batch.pipeline, self.topic,
+        publisher = Publisher(kafka_config, batch.pipeline, self.topic, timeout=self.call_timeout_seconds,
                               transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
                               message_max_bytes=self.max_message_bytes + HEADER_BYTES)
         try:
