@@ -153,6 +153,33 @@ def test_compose_defines_every_connection_and_service_the_pipelines_use():
     assert "PYTHONPATH" not in str(services)  # dependencies are baked into the image
 
 
+def test_the_compose_cluster_file_makes_three_replicated_nodes_every_client_knows():
+    """docker-compose.cluster.yml over docker-compose.yml (Compose merges a service's environment key by
+    key): three nodes, each a voter under its own id and reachable under its service's name, replication 3
+    and min ISR 2, and the pipelines' connection naming every node."""
+    base = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())["services"]
+    over = yaml.safe_load((PROJECT_ROOT / "docker-compose.cluster.yml").read_text())["services"]
+    services = {name: {**base.get(name, {}), **spec, "environment": {
+        **base.get(name, {}).get("environment", {}), **spec.get("environment", {})}} for name, spec in over.items()}
+    nodes = {name: s for name, s in services.items() if name.startswith("kafka")}
+    assert len(nodes) == 3 and all(s["image"] == f"apache/kafka:{kafka_broker.KAFKA_VERSION}" for s in nodes.values())
+    voters = {}
+    for name, node in nodes.items():
+        env = node["environment"]
+        voters[env["KAFKA_NODE_ID"]] = name
+        assert f"INTERNAL://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"], name
+        assert (env["KAFKA_DEFAULT_REPLICATION_FACTOR"], env["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
+        assert (env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"], env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"],
+                env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == (3, 3, 2)
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+    assert {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in (n["environment"] for n in nodes.values())} == {
+        ",".join(f"{i}@{voters[i]}:9093" for i in sorted(voters))}
+    airflow = [name for name in base if name.startswith("airflow-")]
+    for name in airflow:
+        kafka = json.loads(services[name]["environment"]["AIRFLOW_CONN_KAFKA_DEFAULT"])["extra"]
+        assert sorted(kafka["bootstrap.servers"].split(",")) == sorted(f"{n}:9092" for n in nodes), name
+
+
 def test_compose_services_are_checked_healthy_and_share_one_jwt_secret():
     compose = yaml.safe_load((PROJECT_ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
