@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
 
 from kafka_batch import connections
 from kafka_batch.kafka.bounded import GRACE_SECONDS
@@ -198,5 +199,44 @@ def test_one_node_down_for_a_whole_batch_and_the_leader_of_a_partition_killed_wh
     out, err = proc.communicate(timeout=300)
     if proc.returncode != 0:  # the read failed over or failed: either way the next run completes the batch
         assert proc.returncode == 4, err[-2000:]
+    run_cli("run", "--pipeline", pipeline.name)
+    _exactly_once(pipeline, output, on_cluster)
+
+
+def test_a_publish_refused_for_lack_of_in_sync_replicas_changes_nothing_and_completes_once_a_node_is_back(on_cluster):
+    # Too few in-sync replicas for the output topic's min.insync.replicas: Kafka refuses acks=all writes.
+    # (Two nodes of three down would show the same, but would also take the controllers' quorum with them
+    # in this combined cluster: here the topic asks for three in sync, and one node is down.)
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    pipeline, output = _sink_pipeline("isr", on_cluster)
+    topic = pipeline.topics[0]
+    sample_data.produce_page_views(on_cluster.config, topic, 200, seed=96)
+    run_cli("run", "--pipeline", pipeline.name)
+    admin = AdminClient(on_cluster.config)  # referenced until its answer
+    resource = ConfigResource(ConfigResource.Type.TOPIC, output, incremental_configs=[
+        ConfigEntry("min.insync.replicas", "3", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    down = next(node for node in on_cluster.in_sync(output, 0) if node != on_cluster.leader(output, 0))
+    on_cluster.kill(down)
+    deadline = time.monotonic() + 90
+    while down in on_cluster.in_sync(output, 0) + on_cluster.in_sync(output, 1) and time.monotonic() < deadline:
+        time.sleep(1)
+    sample_data.produce_page_views(on_cluster.config, topic, 200, seed=97)
+    before = (positions(pipeline.name), query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}"),
+              sum(1 for _ in _committed_messages(output, [0, 1], on_cluster.config)))
+
+    refused = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert refused.returncode == 4, refused.stderr[-2000:]  # retried: it mends itself once a node is back
+    assert "fewer than its min.insync.replicas 3" in refused.stderr and output in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (positions(pipeline.name), query(f"SELECT sum(views) FROM public.{pipeline.sink_settings.aggregate.table}"),
+            sum(1 for _ in _committed_messages(output, [0, 1], on_cluster.config))) == before
+
+    on_cluster.revive()
+    deadline = time.monotonic() + 90
+    while len(on_cluster.in_sync(output, 0)) < 3 or len(on_cluster.in_sync(output, 1)) < 3:
+        assert time.monotonic() < deadline, "the node did not rejoin the in-sync replicas"
+        time.sleep(1)
     run_cli("run", "--pipeline", pipeline.name)
     _exactly_once(pipeline, output, on_cluster)

@@ -131,8 +131,14 @@ class Publisher:
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
         transaction they left open is aborted, or completed if it was committing. A missing output topic
-        is refused first, in one line (a producer would wait for it until its messages time out)."""
-        KafkaOffsets(self._config, self._timeout).partitions((self.topic,))
+        is refused first, in one line (a producer would wait for it until its messages time out), and so is
+        a topic that cannot take acks=all writes now (too few in-sync replicas): a retried error naming it,
+        before anything is read or produced."""
+        topic = KafkaOffsets(self._config, self._timeout)
+        topic.partitions((self.topic,))
+        short = topic.short_of_replicas(self.topic)
+        if short:
+            raise ServiceError(f"cannot publish to {self.topic!r} now: {short}; nothing was published")
         try:
             self._bounded(lambda: self._producer.init_transactions(self._timeout), "init_transactions")
         except KafkaException as exc:
@@ -209,7 +215,15 @@ class Publisher:
                 raise InputError(f"not authorized to publish to {self.topic!r} as {self.transactional_id}:"
                                  f" {error.str()}; nothing was published") from None
             self.abort()
-            raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc) from None
+            raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc, self._why()) from None
+
+    def _why(self) -> str:
+        """What may keep the topic from taking the transaction's messages (too few in-sync replicas), for a
+        failed publish's error; nothing where the cluster does not say."""
+        try:
+            return KafkaOffsets(self._config, min(self._timeout, 10.0)).short_of_replicas(self.topic) or ""
+        except (KafkaException, ServiceError, InputError):
+            return ""
 
     def _produce_when_queued(self, topic: str, key, value, headers) -> None:
         """Wait for room in the local queue, as long as the client's timeout: a queue that does not drain
@@ -339,10 +353,11 @@ def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tup
     return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
 
 
-def _service_error(what: str, exc: KafkaException) -> ServiceError:
+def _service_error(what: str, exc: KafkaException, why: str = "") -> ServiceError:
     """The broker did not do it: a new attempt (a new producer) may. An abortable error (the coordinator
-    aborted or lost the transaction) says that nothing of it is visible."""
+    aborted or lost the transaction) says that nothing of it is visible; `why`, what the cluster says
+    may have caused it."""
     error = exc.args[0]
     aborted = "; nothing of the transaction is visible, a new attempt publishes the batch" if (
         error.txn_requires_abort()) else ""
-    return ServiceError(f"{what}: {error.str()}{aborted}")
+    return ServiceError(f"{what}: {error.str()}{aborted}" + (f" ({why})" if why else ""))

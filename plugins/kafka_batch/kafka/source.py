@@ -27,7 +27,7 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from kafka_batch.errors import DataLossError, InputError, ServiceError
 from kafka_batch.kafka.bounded import GRACE_SECONDS
@@ -141,6 +141,27 @@ class KafkaOffsets:
                 raise ServiceError(f"topic {topic!r}: {meta.error}")
             found.extend((topic, p) for p in sorted(meta.partitions))
         return found
+
+    def short_of_replicas(self, topic: str) -> str | None:
+        """Why Kafka would refuse an acks=all write to `topic` now, or None: partitions without a leader,
+        or with fewer in-sync replicas than the topic's `min.insync.replicas`."""
+        partitions = self._metadata(topic).topics[topic].partitions
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            configs = self._answer(self._admin.describe_configs([resource], request_timeout=self._timeout)[resource],
+                                   f"describing topic {topic}")
+        except KafkaException as exc:
+            raise self._unavailable(f"describing topic {topic!r} failed", exc) from None
+        needed = int(configs["min.insync.replicas"].value)
+        leaderless = sorted(p for p, meta in partitions.items() if meta.leader < 0)
+        short = sorted(p for p, meta in partitions.items() if len(meta.isrs) < needed)
+        if not leaderless and not short:
+            return None
+        said = [f"partitions {leaderless} have no leader"] if leaderless else []
+        said += [f"partitions {short} have {min(len(partitions[p].isrs) for p in short)} in-sync replica(s), fewer than"
+                 f" its min.insync.replicas {needed}"] if short else []
+        return (f"topic {topic!r}: {'; '.join(said)}: Kafka refuses acks=all writes until enough replicas are back"
+                " in sync (a node is down?)")
 
     def _metadata(self, topic: str | None = None):
         try:
