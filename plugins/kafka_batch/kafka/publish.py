@@ -131,14 +131,8 @@ class Publisher:
     def fence(self) -> None:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
         transaction they left open is aborted, or completed if it was committing. A missing output topic
-        is refused first, in one line (a producer would wait for it until its messages time out), and so is
-        a topic that cannot take acks=all writes now (too few in-sync replicas): a retried error naming it,
-        before anything is read or produced."""
-        topic = KafkaOffsets(self._config, self._timeout)
-        topic.partitions((self.topic,))
-        short = topic.short_of_replicas(self.topic)
-        if short:
-            raise ServiceError(f"cannot publish to {self.topic!r} now: {short}; nothing was published")
+        is refused first, in one line (a producer would wait for it until its messages time out)."""
+        KafkaOffsets(self._config, self._timeout).partitions((self.topic,))
         try:
             self._bounded(lambda: self._producer.init_transactions(self._timeout), "init_transactions")
         except KafkaException as exc:
@@ -147,6 +141,13 @@ class Publisher:
                                  f" {exc.args[0].str()}; set sinks.kafka.transaction_timeout_seconds at most to"
                                  " the broker's transaction.max.timeout.ms") from None
             raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
+
+    def check_writable(self) -> None:
+        """Before a batch publishes: a topic that cannot take acks=all writes now (too few in-sync replicas)
+        is a retried error naming it, before anything is read or produced."""
+        short = KafkaOffsets(self._config, self._timeout).short_of_replicas(self.topic)
+        if short:
+            raise ServiceError(f"cannot publish to {self.topic!r} now: {short}; nothing was published")
 
     def published(self, inputs: Iterable[tuple[str, int]] = ()) -> list[Published]:
         """The identities the publish group holds (after `fence`: final); `inputs`, the batch's input

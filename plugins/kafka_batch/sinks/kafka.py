@@ -231,7 +231,8 @@ class KafkaSink(Sink):
 
     def _fenced(self, kafka_config: dict, batch, pending: dict[int, str]) -> Publisher | None:
         """The topic's producer for this attempt, every older one fenced, if the batch is still to publish
-        (`decide`); None, its producer closed, if an earlier attempt's transaction committed it."""
+        (`decide`) and the topic can take its messages now (`check_writable`); None, its producer closed,
+        if an earlier attempt's transaction committed it."""
         publisher = Publisher(kafka_config, batch.pipeline, self.topic, timeout=self.call_timeout_seconds,
                               transaction_timeout_ms=self.transaction_timeout_seconds * 1000,
                               message_max_bytes=self.max_message_bytes + HEADER_BYTES)
@@ -239,6 +240,8 @@ class KafkaSink(Sink):
             publisher.fence()
             found = publisher.published({(r.topic, r.partition) for r in batch.ranges})
             publishes = decide(batch.id, found, pending) is Decision.PUBLISH
+            if publishes:
+                publisher.check_writable()
         except BaseException:
             publisher.close()
             raise
