@@ -155,7 +155,9 @@ def test_a_sigkilled_broker_restarts_with_every_record_it_acknowledged(tmp_path)
         consumer.assign([TopicPartition("acknowledged", 0, 0)])
         values = []
         while True:
-            batch = consumer.consume(10_000, 10)
+            # The first answer waits for the node's recovery of the logs a SIGKILL left open (seconds, more
+            # while other JVMs share the two cores).
+            batch = consumer.consume(10_000, 10 if values else 60)
             assert batch, "no answer from the restarted broker"
             values += [m.value() for m in batch if m.error() is None]
             if batch[-1].error() is not None:  # the partition's end
