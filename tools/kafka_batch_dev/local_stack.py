@@ -393,8 +393,8 @@ def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dic
         state[f"{key}_controller_port"] = node.controller_port
         if not _service_running(state, key):
             # Every node first, then the waits: a node of three serves once a majority of the quorum is up.
-            launched.append((node, _launch_service(base, state, key, kafka_broker.node_command(home(), config, java,
-                                                                                             count), node.port)))
+            command = kafka_broker.node_command(home(), config, java, count)
+            launched.append((node, _launch_service(base, key, command)))
     state.update(kafka_nodes=count, kafka_cluster_id=cluster_id)
     for node, proc in launched:
         what = KAFKA if count == 1 else f"Kafka node {node.id}"
@@ -456,11 +456,10 @@ def _start_service(base: Path, state: dict, key: str, what: str, command: list[s
                    env: dict[str, str] | None = None, timeout: float = 60.0) -> None:
     """Start a server in its own session and process group (`down` signals the group), logging to
     `<key>.log`; once its port answers, record its port, pid and start time under `key` in `state`."""
-    _await_service(base, state, key, what, _launch_service(base, state, key, command, port, env), port, timeout)
+    _await_service(base, state, key, what, _launch_service(base, key, command, env), port, timeout)
 
 
-def _launch_service(base: Path, state: dict, key: str, command: list[str], port: int,
-                    env: dict[str, str] | None = None) -> subprocess.Popen:
+def _launch_service(base: Path, key: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(base / f"{key.replace('_', '-')}.log", "ab") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -708,7 +707,8 @@ def up(base: Path | None = None, spark_connect: bool = True, kafka_nodes: int | 
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    kafka_started = not _kafka_running(state) or (kafka_nodes or 0) > state.get("kafka_nodes", 1)
+    _requested_nodes(base, kafka_nodes, state)  # a size other than the local data's is refused, running or not
+    kafka_started = not _kafka_running(state)
     if kafka_started:
         start_kafka(base, state, kafka_nodes)
     if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
