@@ -490,26 +490,20 @@ def _service_running(state: dict, key: str) -> bool:
 
 def stop_kafka(state: dict) -> set[int]:
     """Stop every node of the local cluster at once (one by one, the last would wait for a quorum of
-    controllers to shut down under): SIGTERM, then SIGKILL after a grace; return survivors."""
+    controllers to shut down under); return survivors."""
     nodes = [_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1)]
-    pids = {state[f"{key}_pid"] for key in nodes if _service_running(state, key)}
-    groups = {pid for pid in pids if _is_group_leader(pid)}
-    left = stop_processes(pids, groups, [(signal.SIGTERM, KAFKA_STOP_GRACE)])
-    if left:
-        print(f"kafka-batch local: {KAFKA} ignored SIGTERM ({_describe_processes(left)}): sending SIGKILL",
-              file=sys.stderr)
-        left = stop_processes(left, groups, [(signal.SIGKILL, KILL_WAIT)])
-    return left
+    return _stop_service(state, nodes, KAFKA, KAFKA_STOP_GRACE)
 
 
-def _stop_service(state: dict, key: str, what: str, grace: float = STOP_GRACE) -> set[int]:
-    """SIGTERM to the process group of the service `up` started under `key`, SIGKILL after `grace`
-    seconds; return survivors."""
-    if not _service_running(state, key):
+def _stop_service(state: dict, keys: str | list[str], what: str, grace: float = STOP_GRACE) -> set[int]:
+    """SIGTERM to the process groups of the processes `up` started under `keys` (one service's), SIGKILL
+    after `grace` seconds; return survivors."""
+    keys = [keys] if isinstance(keys, str) else keys
+    pids = {state[f"{key}_pid"] for key in keys if _service_running(state, key)}
+    if not pids:
         return set()
-    pid = state[f"{key}_pid"]
-    groups = {pid} if _is_group_leader(pid) else set()
-    left = stop_processes({pid}, groups, [(signal.SIGTERM, grace)])
+    groups = {pid for pid in pids if _is_group_leader(pid)}
+    left = stop_processes(pids, groups, [(signal.SIGTERM, grace)])
     if left:
         print(f"kafka-batch local: {what} ignored SIGTERM ({_describe_processes(left)}): sending SIGKILL",
               file=sys.stderr)

@@ -115,6 +115,7 @@ class Publisher:
             "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
         self._group = _publish_group(self._config, self.transactional_id)
+        self._topic = KafkaOffsets(self._config, timeout)  # the output topic's metadata: fence, check_writable
         self._open = False  # a transaction begun and neither committed nor aborted
         self._stuck = False  # a call outlasted its bound: the handles are given up, never called again
 
@@ -132,7 +133,7 @@ class Publisher:
         """Become the id's only producer: older ones (zombie attempts, other batches) are fenced and the
         transaction they left open is aborted, or completed if it was committing. A missing output topic
         is refused first, in one line (a producer would wait for it until its messages time out)."""
-        KafkaOffsets(self._config, self._timeout).partitions((self.topic,))
+        self._topic.partitions((self.topic,))
         try:
             self._bounded(lambda: self._producer.init_transactions(self._timeout), "init_transactions")
         except KafkaException as exc:
@@ -145,7 +146,7 @@ class Publisher:
     def check_writable(self) -> None:
         """Before a batch publishes: a topic that cannot take acks=all writes now (too few in-sync replicas)
         is a retried error naming it, before anything is read or produced."""
-        short = KafkaOffsets(self._config, self._timeout).short_of_replicas(self.topic)
+        short = self._topic.short_of_replicas(self.topic)
         if short:
             raise ServiceError(f"cannot publish to {self.topic!r} now: {short}; nothing was published")
 
