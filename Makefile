@@ -28,8 +28,11 @@ install: $(STAMP)
 	@$(BIN)/kafka-batch local install >/dev/null  # Apache Kafka's broker and Spark's Kafka connectors, once
 
 # KAFKA_NODES=3: Apache Kafka as a replicated cluster of three KRaft nodes (one by default).
+# KAFKA_SECURITY=sasl_ssl: its listener SASL_SSL (SCRAM-SHA-512, a local CA) with ACLs (PLAINTEXT by default).
 KAFKA_NODES ?=
-LOCAL_UP := $(BIN)/kafka-batch local up $(if $(KAFKA_NODES),--kafka-nodes $(KAFKA_NODES))
+KAFKA_SECURITY ?=
+LOCAL_UP := $(BIN)/kafka-batch local up $(if $(KAFKA_NODES),--kafka-nodes $(KAFKA_NODES)) \
+	$(if $(KAFKA_SECURITY),--kafka-security $(KAFKA_SECURITY))
 
 up: install
 	$(LOCAL_UP)

@@ -149,7 +149,7 @@ LONGEST_FIRST = (
     "tests/integration/test_avro.py",  # 75 s
     "tests/integration/test_compaction.py",  # 60 s
     "tests/integration/test_protobuf.py",  # 35 s
-    "tests/integration/test_kafka_credentials.py",
+    "tests/integration/test_kafka_security.py",  # a secured node of its own
     "tests/integration/test_retention.py",
     "tests/integration/test_planning.py",
     "tests/integration/test_reader.py",

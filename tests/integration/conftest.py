@@ -160,3 +160,55 @@ def kafka_cluster(services, tmp_path_factory):
     finally:
         left = local_stack.stop_kafka(local_stack.read_state(home) or state)
         assert not left, f"Kafka nodes survived: {left}"
+
+
+class SecuredKafka:
+    """One Apache Kafka node as `kafka-batch local up --kafka-security sasl_ssl` starts it: SASL_SSL with
+    SCRAM-SHA-512, a local CA, KRaft's StandardAuthorizer (no ACL, no access). `admin` is its super user."""
+
+    def __init__(self, home):
+        from kafka_batch_dev import local_stack
+
+        self.home = home
+        state = local_stack.read_state(home)
+        self.admin = local_stack.kafka_admin_config(home, state)
+        self.secured = local_stack.kafka_secured(home, state)
+
+    def add_user(self, user: str, password: str) -> None:
+        from kafka_batch_dev import kafka_security
+
+        kafka_security.add_user(self.admin, user, password)
+
+    def connection(self, user: str | None = None, password: str | None = None) -> str:
+        """A Kafka connection as an operator stores it (the provider's form: login, password, extra), of the
+        admin, or of `user`."""
+        import json
+
+        from kafka_batch_dev import kafka_security
+
+        config = kafka_security.client_config(self.secured, self.admin["bootstrap.servers"], user or "admin", password)
+        login, secret = config.pop("sasl.username"), config.pop("sasl.password")
+        return json.dumps({"conn_type": "kafka", "login": login, "password": secret, "extra": config})
+
+
+@pytest.fixture(scope="module")
+def secured_kafka(services, tmp_path_factory):
+    """A secured one-node cluster for one test module, its home under the session's directory (whose every
+    file the session's end scans for the planted password)."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from kafka_batch_dev import local_stack
+
+    base = Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"]).parent
+    home = Path(tempfile.mkdtemp(prefix="secured_kafka_", dir=base))
+    state: dict = {}
+    try:
+        local_stack.start_kafka(home, state, nodes=1, security="sasl_ssl")
+        (home / "state.json").write_text(json.dumps(state))
+        yield SecuredKafka(home)
+    finally:
+        left = local_stack.stop_kafka(local_stack.read_state(home) or state)
+        assert not left, f"Kafka node survived: {left}"

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_batch import connections
 from kafka_batch.config import load_pipeline
 from kafka_batch_dev import sample_data
-from kafka_batch_dev.committed import committed_messages
+from kafka_batch_dev.committed import client_settings, committed_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def pg_connect():
 def admin_client(config: dict | None = None) -> AdminClient:
     """A plain admin client for the tests' own checks and setup (not the project's KafkaOffsets), on the
     cluster of `config` (the session's by default)."""
-    return AdminClient({"bootstrap.servers": (config or kafka_config())["bootstrap.servers"]})
+    return AdminClient(client_settings(config or kafka_config()))
 
 
 def create_topic(topic: str, partitions: int, config: dict[str, str] | None = None) -> None:

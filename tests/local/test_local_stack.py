@@ -106,7 +106,7 @@ def test_down_stops_a_broker_ignoring_sigterm_and_a_postgres_ignoring_pg_ctl(mon
         return stubborn_command(int(listeners.split(",")[0].rsplit(":", 1)[1]), child_file)
 
     monkeypatch.setattr(local_stack.kafka_broker, "node_command", stubborn_node)
-    monkeypatch.setattr(local_stack, "_cluster_serves", lambda ports: True)
+    monkeypatch.setattr(local_stack, "_cluster_serves", lambda admin, ports: True)
     monkeypatch.setattr(local_stack, "KAFKA_STOP_GRACE", 1.0)
     monkeypatch.setattr(local_stack, "PG_STOP_TIMEOUT", 1)
     postmaster = None

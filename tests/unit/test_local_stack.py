@@ -150,9 +150,23 @@ def test_down_leaves_alone_a_process_that_reused_the_brokers_pid(base, stubborn_
 
 
 def test_up_says_a_failure_in_one_line_without_a_traceback(monkeypatch, capsys):
-    def failing(spark_connect, kafka_nodes):
+    def failing(**options):
         raise RuntimeError("the Kafka broker exited with 1; log /x/kafka.log")
 
     monkeypatch.setattr(local_stack, "up", failing)
     assert local_stack.main(["up"]) == 1
     assert capsys.readouterr().err == "kafka-batch local up: error: the Kafka broker exited with 1; log /x/kafka.log\n"
+
+
+def test_the_kafka_security_stays_what_the_local_data_was_made_with(tmp_path, monkeypatch):
+    monkeypatch.delenv(local_stack.KAFKA_SECURITY_VARIABLE, raising=False)
+    assert local_stack._requested_security(tmp_path, None, {}) == "none"  # nothing made yet: the default
+    assert local_stack._requested_security(tmp_path, "sasl_ssl", {}) == "sasl_ssl"
+    (tmp_path / "kafka" / "data").mkdir(parents=True)
+    (tmp_path / "kafka" / "data" / "meta.properties").touch()  # a node formatted (its SCRAM users with it)
+    assert local_stack._requested_security(tmp_path, None, {"kafka_security": "sasl_ssl"}) == "sasl_ssl"
+    with pytest.raises(RuntimeError, match="made with security none and its data is kept"):
+        local_stack._requested_security(tmp_path, "sasl_ssl", {})
+    monkeypatch.setenv(local_stack.KAFKA_SECURITY_VARIABLE, "tls")
+    with pytest.raises(RuntimeError, match="security is none or sasl_ssl, not 'tls'"):
+        local_stack._requested_security(tmp_path, None, {})

@@ -11,8 +11,14 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
-# What a reader takes over from a cluster's settings: where it is and how to authenticate.
+# What a client of the tools takes over from a cluster's settings: where it is and how to authenticate.
 _CLIENT_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.")
+
+
+def client_settings(config: Mapping) -> dict:
+    """A cluster's address and credentials out of a pipeline's librdkafka settings, for the tools' own plain
+    clients (the ground truth's reader, sample producers, admin clients)."""
+    return {k: v for k, v in config.items() if k.startswith(_CLIENT_PREFIXES)}
 
 
 def committed_messages(config: Mapping, topic: str, partitions: Iterable[int] | None = None,
@@ -20,7 +26,7 @@ def committed_messages(config: Mapping, topic: str, partitions: Iterable[int] | 
     """Every committed record (tombstones too) of the topic's partitions (default: all), in each
     partition's order, from its log start to its end, or to `below` (partition -> offset; the
     partitions it names, those at 0 skipped). Aborted records and transaction markers never show."""
-    consumer = Consumer({**{k: v for k, v in config.items() if k.startswith(_CLIENT_PREFIXES)},
+    consumer = Consumer({**client_settings(config),
                          "group.id": f"truth-{uuid.uuid4().hex}", "isolation.level": "read_committed",
                          "enable.partition.eof": True, "enable.auto.commit": False,
                          "fetch.wait.max.ms": 50})  # it ends at the partition's end: no long wait for more

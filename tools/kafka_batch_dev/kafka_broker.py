@@ -73,9 +73,12 @@ class Node:
     controller_port: int
 
 
-def write_config(directory: Path, node: Node, cluster: list[Node], extra: dict | None = None) -> Path:
-    """server.properties of one combined node of `cluster` on loopback, with `extra` settings over ours (and
-    its Log4j 2 configuration); the path."""
+def write_config(directory: Path, node: Node, cluster: list[Node], extra: dict | None = None,
+                 listener: str = "PLAINTEXT") -> Path:
+    """server.properties of one combined node of `cluster` on loopback, its clients' listener named for its
+    protocol (`listener`: PLAINTEXT, or SASL_SSL with kafka_security's settings in `extra`), with `extra`
+    settings over ours (and its Log4j 2 configuration); the path, readable by its owner only (a secured
+    node's holds passwords)."""
     directory.mkdir(parents=True, exist_ok=True)
     replicas = min(len(cluster), 3)
     in_sync = 2 if replicas >= 3 else 1  # a write is acknowledged by two of three: one node may be down
@@ -83,8 +86,8 @@ def write_config(directory: Path, node: Node, cluster: list[Node], extra: dict |
         "process.roles": "broker,controller",
         "node.id": node.id,
         "controller.quorum.voters": ",".join(f"{n.id}@127.0.0.1:{n.controller_port}" for n in cluster),
-        "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+        "listeners": f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        "advertised.listeners": f"{listener}://127.0.0.1:{node.port}",
         "controller.listener.names": "CONTROLLER",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
@@ -121,6 +124,8 @@ def write_config(directory: Path, node: Node, cluster: list[Node], extra: dict |
         "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
         "logger.state.name = state.change.logger\nlogger.state.level = WARN\n")
     path = directory / "server.properties"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
     path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
     return path
 
@@ -160,16 +165,18 @@ def formatted(config: Path) -> bool:
     return (config.parent / "data" / "meta.properties").exists()
 
 
-def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: str | None = None) -> None:
+def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: str | None = None,
+                   extra_args: list[str] | None = None) -> None:
     """Format the node's storage once (KRaft needs a cluster id and its metadata log before the first
-    start); every node of a cluster with the cluster's one id."""
+    start); every node of a cluster with the cluster's one id. `extra_args`: the storage tool's, such as
+    the SCRAM users the metadata log starts with (kafka_security)."""
     if formatted(config):
         return
     cluster_id = cluster_id or new_cluster_id()
     # One argument with its option: an id may begin with "-", which would read as an option of its own.
     command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
-                           f"--cluster-id={cluster_id}")
-    result = subprocess.run(command, capture_output=True, text=True)
+                           f"--cluster-id={cluster_id}", *(extra_args or ()))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"formatting the Kafka node's storage failed (exit {result.returncode}):\n"
                            f"{result.stdout[-2000:]}{result.stderr[-2000:]}")

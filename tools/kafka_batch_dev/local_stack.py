@@ -47,7 +47,7 @@ import urllib.request
 from pathlib import Path
 
 from kafka_batch.config import PROJECT_ROOT
-from kafka_batch_dev import kafka_broker, spark_connectors
+from kafka_batch_dev import kafka_broker, kafka_security, spark_connectors
 
 PG_SYSTEM_USER = "kafka_batch_pg"
 DATABASE = "kafka_batch"
@@ -334,6 +334,7 @@ def start_postgres(base: Path, state: dict) -> None:
 
 KAFKA = "the Kafka broker"
 KAFKA_NODES_VARIABLE = "KAFKA_BATCH_KAFKA_NODES"  # how many nodes `up` starts when no flag says: 1 or 3
+KAFKA_SECURITY_VARIABLE = "KAFKA_BATCH_KAFKA_SECURITY"  # the listener `up` makes when no flag says: none or sasl_ssl
 
 
 def _node_key(node_id: int) -> str:
@@ -367,15 +368,47 @@ def _requested_nodes(base: Path, nodes: int | None, state: dict) -> int:
     return asked or made or 1
 
 
-def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dict | None = None) -> None:
+def _requested_security(base: Path, security: str | None, state: dict) -> str:
+    """The listener's security: as asked (flag, then KAFKA_BATCH_KAFKA_SECURITY), else as made before, else
+    none. The SCRAM users are written when the storage is formatted, so the data keeps what it was made with."""
+    asked = security or os.environ.get(KAFKA_SECURITY_VARIABLE) or None
+    made = state.get("kafka_security", "none") if kafka_broker.formatted(_node_dir(base, 1) / "server.properties") else None
+    if asked is not None and asked not in kafka_security.MODES:
+        raise RuntimeError(f"a local Kafka's security is {' or '.join(kafka_security.MODES)}, not {asked!r}")
+    if made and asked and asked != made:
+        raise RuntimeError(f"the local Kafka was made with security {made} and its data is kept; `make down`, then"
+                           f" remove its data (`make clean` removes every local service's) to start it with {asked}")
+    return asked or made or "none"
+
+
+def kafka_secured(base: Path, state: dict) -> kafka_security.Secured | None:
+    """The secured cluster's CA, stores and admin password (made on first use), or None for PLAINTEXT."""
+    if state.get("kafka_security", "none") == "none":
+        return None
+    from kafka_batch.spark.submit import java_home
+
+    return kafka_security.ensure(base / "kafka-security", java_home())
+
+
+def kafka_admin_config(base: Path, state: dict) -> dict[str, str]:
+    """librdkafka settings of the local cluster's administrator (anyone, on a PLAINTEXT listener)."""
+    secured = kafka_secured(base, state)
+    bootstrap = bootstrap_servers(state)
+    return kafka_security.client_config(secured, bootstrap) if secured else {"bootstrap.servers": bootstrap}
+
+
+def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dict | None = None,
+                security: str | None = None) -> None:
     """Apache Kafka: one KRaft node on loopback, or a cluster of three (kafka_broker), each node's
     configuration, data and log (`kafka.log`, `kafka-2.log`, ...) under `base`, its jars in the local
     home (fetched here if `make install` did not). A node that is not running starts on its ports and
     data (one killed comes back); the others are left as they are. `settings`: broker settings over ours,
-    kept for the nodes' later starts."""
+    kept for the nodes' later starts. `security`: `sasl_ssl` makes the listener SASL_SSL with ACLs
+    (kafka_security), kept with the data."""
     from kafka_batch.spark.submit import java_home, spark_environment
 
     count = _requested_nodes(base, nodes, state)
+    state["kafka_security"] = _requested_security(base, security, state)
     kafka_broker.install(home(), spark_environment())
     cluster = [kafka_broker.Node(i, state.get(f"{_node_key(i)}_port") or free_port(),
                                  state.get(f"{_node_key(i)}_controller_port") or free_port())
@@ -385,11 +418,16 @@ def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dic
         state["kafka_settings"] = settings
     settings = state.get("kafka_settings", {})
     java = java_home()
+    secured = kafka_secured(base, state)
+    listener, users = "PLAINTEXT", []
+    if secured:
+        listener, users = "SASL_SSL", kafka_security.scram_arguments(secured)
+        settings = {**kafka_security.broker_settings(secured), **settings}
     launched = []
     for node in cluster:
         key = _node_key(node.id)
-        config = kafka_broker.write_config(_node_dir(base, node.id), node, cluster, settings)
-        kafka_broker.format_storage(home(), config, java, cluster_id)
+        config = kafka_broker.write_config(_node_dir(base, node.id), node, cluster, settings, listener)
+        kafka_broker.format_storage(home(), config, java, cluster_id, users)
         state[f"{key}_controller_port"] = node.controller_port
         if not _service_running(state, key):
             # Every node first, then the waits: a node of three serves once a majority of the quorum is up.
@@ -401,19 +439,20 @@ def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dic
         _await_service(base, state, _node_key(node.id), what, proc, node.port, timeout=120)
     ports = [node.port for node in cluster]
     log = base / "kafka.log"
-    _wait(lambda: _cluster_serves(ports) or not _kafka_running(state), KAFKA, log, timeout=120)
+    admin = kafka_admin_config(base, state)
+    _wait(lambda: _cluster_serves(admin, ports) or not _kafka_running(state), KAFKA, log, timeout=120)
     for node in cluster:
         if not _service_running(state, _node_key(node.id)):
             log = base / f"{_node_key(node.id).replace('_', '-')}.log"
             raise RuntimeError(f"Kafka node {node.id} exited; log {log}:\n{_log_tail(log)}")
 
 
-def _cluster_serves(ports: list[int]) -> bool:
+def _cluster_serves(admin: dict[str, str], ports: list[int]) -> bool:
     """Every node answers metadata naming all of them: each broker has registered with the controller."""
     from confluent_kafka.admin import AdminClient
 
     try:
-        return all(len(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2).brokers)
+        return all(len(AdminClient({**admin, "bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=2).brokers)
                    == len(ports) for port in ports)
     except Exception:  # KafkaException while it starts
         return False
@@ -620,11 +659,13 @@ def stop_postgres(base: Path) -> set[int]:
     return left
 
 
-def connections_env(state: dict) -> dict[str, str]:
-    """The AIRFLOW_CONN_* values of the local services (no secrets: trust auth on loopback)."""
-    kafka = {"bootstrap.servers": bootstrap_servers(state)}
+def connections_env(base: Path, state: dict) -> dict[str, str]:
+    """The AIRFLOW_CONN_* values of the local services (trust auth on loopback; a secured Kafka's
+    `kafka_default` logs in as its administrator, whom the samples and tools need)."""
+    kafka = kafka_admin_config(base, state)
+    login = {"login": kafka.pop("sasl.username"), "password": kafka.pop("sasl.password")} if "sasl.username" in kafka else {}
     return {
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", **login, "extra": kafka}),
         "AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps(
             {"conn_type": "postgres", "host": "127.0.0.1", "port": state["postgres_port"], "login": PIPELINE_ROLE,
              "schema": DATABASE}
@@ -678,7 +719,7 @@ def environment(base: Path | None = None) -> dict[str, str]:
     state = read_state(base)
     if not state:
         raise RuntimeError(f"the local services are not running (no {_state_path(base)}); run `make up`")
-    return {**airflow_env(base, state), **connections_env(state)}
+    return {**airflow_env(base, state), **connections_env(base, state)}
 
 
 def migrate_airflow(base: Path, env: dict[str, str]) -> None:
@@ -693,24 +734,30 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
     marker.touch()
 
 
-def up(base: Path | None = None, spark_connect: bool = True, kafka_nodes: int | None = None) -> dict[str, str]:
+def up(base: Path | None = None, spark_connect: bool = True, kafka_nodes: int | None = None,
+       kafka_security: str | None = None) -> dict[str, str]:
     """Start what is not running. `kafka_nodes`: one Kafka node or a cluster of three (default: as
-    KAFKA_BATCH_KAFKA_NODES says, else as the local data was made, else one)."""
+    KAFKA_BATCH_KAFKA_NODES says, else as the local data was made, else one); `kafka_security`: none or
+    sasl_ssl (default: as KAFKA_BATCH_KAFKA_SECURITY says, else as made, else none)."""
     base = (base or home()).resolve()
     base.mkdir(parents=True, exist_ok=True)
     state = read_state(base)
     if not (state.get("postgres_port") and _port_open(state["postgres_port"])):
         start_postgres(base, state)
-    _requested_nodes(base, kafka_nodes, state)  # a size other than the local data's is refused, running or not
+    # A size or a security other than the local data's is refused, running or not.
+    _requested_nodes(base, kafka_nodes, state)
+    _requested_security(base, kafka_security, state)
     kafka_started = not _kafka_running(state)
     if kafka_started:
-        start_kafka(base, state, kafka_nodes)
+        start_kafka(base, state, kafka_nodes, security=kafka_security)
     if not (_service_running(state, "schema_registry") and _port_open(state["schema_registry_port"])):
         start_schema_registry(base, state)
     if spark_connect and not (_service_running(state, "spark_connect") and _port_open(state["spark_connect_port"])):
         start_spark_connect(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
+    (base / "env.sh").touch(mode=0o600)  # a secured Kafka's admin password is in it
+    (base / "env.sh").chmod(0o600)
     (base / "env.sh").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
     if kafka_started:
         check_kafka(env)
@@ -890,6 +937,8 @@ def describe(env: dict[str, str]) -> str:
         f"Kafka bootstrap : {bootstrap_servers(state)} (Apache Kafka {kafka_broker.KAFKA_VERSION}, "
         + (f"{state['kafka_nodes']} nodes, replication factor 3, min.insync.replicas 2; logs {home()}/kafka*.log)"
            if state.get("kafka_nodes", 1) > 1 else f"one node; log {home() / 'kafka.log'})"),
+        *([f"Kafka security  : SASL_SSL, SCRAM-SHA-512 (kafka_default logs in as {kafka_security.ADMIN}), ACLs;"
+           f" CA {home() / 'kafka-security' / 'ca.pem'}"] if state.get("kafka_security", "none") != "none" else []),
         f"Schema Registry : http://127.0.0.1:{state['schema_registry_port']} (connection schema_registry_default)",
         f"Postgres        : postgresql://{PIPELINE_ROLE}@127.0.0.1:{state['postgres_port']}/{DATABASE} "
         f"(the pipeline's role; administrator: postgres)",
@@ -901,7 +950,7 @@ def describe(env: dict[str, str]) -> str:
 
 
 def _up(args: argparse.Namespace) -> None:
-    env = up(spark_connect=not args.no_spark_connect, kafka_nodes=args.kafka_nodes)
+    env = up(spark_connect=not args.no_spark_connect, kafka_nodes=args.kafka_nodes, kafka_security=args.kafka_security)
     print(describe(env))
     if args.airflow:
         base = home()
@@ -926,6 +975,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with up: Kafka as one node (the default) or a replicated cluster of three (replication"
                         f" factor 3, min.insync.replicas 2); default: ${KAFKA_NODES_VARIABLE}, else as the local data"
                         " was made")
+    parser.add_argument("--kafka-security", choices=kafka_security.MODES,
+                        help="with up: the listener's security: none (PLAINTEXT) or sasl_ssl (SCRAM-SHA-512 over TLS from"
+                        " a local CA, and ACLs; kafka_default logs in as its admin); default:"
+                        f" ${KAFKA_SECURITY_VARIABLE}, else as the local data was made")
     parser.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if args.action == "install":

@@ -12,12 +12,14 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from kafka_batch_dev.committed import client_settings
+
 PAGES = ["/", "/search", "/cart", "/checkout", "/product/1", "/product/2", "/product/3", "/help"]
 
 
 def ensure_topic(config: dict[str, Any], topic: str, partitions: int, settings: dict[str, str] | None = None) -> None:
     """Create the topic (with its `settings`, e.g. cleanup.policy; replicas: the cluster's default) unless it exists."""
-    admin = AdminClient({k: v for k, v in config.items() if k == "bootstrap.servers" or k.startswith(("security.", "sasl.", "ssl."))})
+    admin = AdminClient(client_settings(config))
     if topic in admin.list_topics(timeout=30).topics:
         return
     futures = admin.create_topics([NewTopic(topic, partitions, config=settings or {})])
@@ -41,8 +43,7 @@ def wait_for_topic(admin: AdminClient, topic: str, partitions: int, timeout: flo
 
 def _producer(config: dict[str, Any]) -> Producer:
     return Producer({
-        "bootstrap.servers": config["bootstrap.servers"],
-        **{k: v for k, v in config.items() if k.startswith(("security.", "sasl.", "ssl."))},
+        **client_settings(config),
         "enable.idempotence": True,
         "linger.ms": 20,
         "batch.num.messages": 10_000,

@@ -502,6 +502,49 @@ def cmd_quarantine(args) -> int:
     return 0
 
 
+def cmd_acls(args) -> int:
+    """The ACLs the pipeline's Kafka users need: as kafka-acls.sh commands, or created (--apply). The
+    connections are read where defined (for their users, bootstrap servers and group.id); printing needs
+    none of them with --principal."""
+    from kafka_batch.kafka import acls
+
+    pipeline = load_pipeline(args.pipeline)
+    sides = {False: _defined(pipeline.connections.kafka), True: _defined(pipeline.connections.publish)}
+    matching: set[str] = set()
+    if pipeline.topic_pattern is not None and acls.literal_prefix(pipeline.topic_pattern) is None:
+        kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)
+        matching = {t for t, _ in kafka.partitions((), pipeline.topic_pattern)}
+    reader_group = sides[False].extra.get("group.id") if sides[False] else None
+    grants = acls.required(pipeline, matching, reader_group or acls.READER_GROUP)
+    for output in sorted({g.output for g in grants}):
+        conn = sides[output]
+        principal = args.principal or _principal(conn, pipeline.connections.publish if output else pipeline.connections.kafka)
+        mine = [g for g in grants if g.output == output]
+        if args.apply:
+            count = acls.apply(connections.kafka_config(connections.from_environment(args.apply)), mine, principal)
+            print(f"created {count} ACL(s) for {principal} ({'output' if output else 'input'} of pipeline {pipeline.name})")
+        else:
+            bootstrap = conn.extra.get("bootstrap.servers", "<bootstrap>") if conn else "<bootstrap>"
+            print("\n".join(acls.kafka_acls_commands(mine, principal, bootstrap)))
+    return 0
+
+
+def _defined(conn_id: str) -> connections.ConnectionFields | None:
+    try:
+        return connections.from_environment(conn_id)
+    except InputError:
+        return None
+
+
+def _principal(conn: connections.ConnectionFields | None, conn_id: str) -> str:
+    """`User:<login>` of a Kafka connection (its login, or its extra's sasl.username)."""
+    user = conn and (conn.login or conn.extra.get("sasl.username"))
+    if not user:
+        raise InputError(f"connection {conn_id!r} is not defined or has no login (a SASL user): give the principal"
+                         " with --principal")
+    return f"User:{user}"
+
+
 def cmd_check_kafka(args) -> int:
     if args.pipeline:
         pipeline = load_pipeline(args.pipeline)
@@ -524,6 +567,8 @@ def cmd_local(args) -> int:
     flags = [flag for flag, on in (("--airflow", args.airflow), ("--no-spark-connect", args.no_spark_connect)) if on]
     if args.kafka_nodes:
         flags += ["--kafka-nodes", str(args.kafka_nodes)]
+    if args.kafka_security:
+        flags += ["--kafka-security", args.kafka_security]
     return local_stack.main([args.action, *flags])
 
 
@@ -613,6 +658,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", required=True, help="why (kept in kafka_batch.resets)")
     p.add_argument("--execute", action="store_true", help="apply the reset (default: show it only)")
     p.set_defaults(func=cmd_reset)
+    p = sub.add_parser("acls", help="the Kafka ACLs the pipeline's users need (least privilege): kafka-acls.sh"
+                       " commands to paste, or created through the admin API with --apply")
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
+    p.add_argument("--principal", help="whom to allow, e.g. User:etl; default: User:<login> of the pipeline's Kafka"
+                   " connection (and of connections.kafka_output for a Kafka sink's)")
+    p.add_argument("--apply", metavar="CONN_ID", help="create the ACLs, logged in with this Kafka connection (a user"
+                   " allowed Alter on the cluster); default: only print them")
+    p.set_defaults(func=cmd_acls)
     p = sub.add_parser("check-kafka", help="check that a Kafka cluster's read_committed answers are right (writes"
                        " a topic of its own, then deletes it) and record the verdict batches go by")
     p.add_argument("--pipeline", help="the pipeline whose Kafka and Postgres connections to use")
@@ -632,6 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kafka-nodes", type=int, choices=(1, 3), help="with up: Apache Kafka as one node (the default)"
                    " or a replicated cluster of three (replication factor 3, min.insync.replicas 2); default:"
                    " $KAFKA_BATCH_KAFKA_NODES, else as the local data was made")
+    p.add_argument("--kafka-security", choices=("none", "sasl_ssl"), help="with up: the Kafka listener: PLAINTEXT"
+                   " (none, the default) or SASL_SSL with SCRAM-SHA-512 users, a local CA and ACLs (kafka_default logs"
+                   " in as its admin); default: $KAFKA_BATCH_KAFKA_SECURITY, else as the local data was made")
     p.add_argument("--spark-connect", action="store_true", help=argparse.SUPPRESS)  # the default now
     p.set_defaults(func=cmd_local)
     p = sub.add_parser("schema", help="print the JSON Schema of a pipeline definition (for editors and CI checks)")

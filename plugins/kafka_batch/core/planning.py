@@ -16,7 +16,7 @@ from kafka_batch.core import batches, database, ledger, positions, registry
 from kafka_batch.core.batches import Batch
 from kafka_batch.core.database import transaction
 from kafka_batch.errors import InputError
-from kafka_batch.kafka.publish import published_pending
+from kafka_batch.kafka.publish import published_pending, refuse_unpublishable
 from kafka_batch.kafka.ranges import OffsetRange, PartitionState, initial_positions, plan_ranges
 from kafka_batch.kafka.source import KafkaOffsets, PartitionOffsets
 
@@ -94,14 +94,24 @@ def dry_run(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> dict:
     }
 
 
-def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: Callable[[], object],
-               plan: Callable[[object, object], Batch], publish_config: dict | None = None) -> Batch:
+def refuse_unauthorized(kafka: KafkaOffsets, pipeline: Pipeline, publish_config: dict | None) -> None:
+    """ACLs that would refuse the batch's read (Read on an input topic) or its publish (Write on an output
+    topic), found before anything is planned: one line, exit 2."""
+    topics = pipeline.topics or sorted({t for t, _ in kafka.partitions((), pipeline.topic_pattern)})
+    kafka.refuse_unauthorized(list(topics), ("READ",), "to read the pipeline's input")
+    if publish_config is not None:
+        refuse_unpublishable(publish_config, pipeline)
+
+
+def _plan_once(conn, kafka: KafkaOffsets, pipeline: Pipeline, dag_id: str | None, run_id: str,
+               ask: Callable[[], object], plan: Callable[[object, object], Batch],
+               publish_config: dict | None = None) -> Batch:
     """The batch of a run: the persisted one if the run planned before (a retry), or the pipeline's
     unfinished batch if its output is in Kafka already, else `plan(cur, asked)`.
 
-    `ask` (the Kafka questions) runs outside any transaction and before the pipeline is registered,
-    so an unknown topic changes nothing; planning then holds the pipeline's lock, so concurrent runs
-    plan one after the other from fresh positions.
+    `ask` (the Kafka questions) and the ACL checks run outside any transaction and before the pipeline
+    is registered, so an unknown topic or a missing grant changes nothing; planning then holds the
+    pipeline's lock, so concurrent runs plan one after the other from fresh positions.
     """
     database.apply_migrations(conn)
     with transaction(conn) as cur:
@@ -109,6 +119,7 @@ def _plan_once(conn, pipeline: Pipeline, dag_id: str | None, run_id: str, ask: C
     if existing is not None:
         return existing
     asked = ask()
+    refuse_unauthorized(kafka, pipeline, publish_config)
     registry.ensure_pipeline(conn, pipeline)
     with transaction(conn) as cur:
         registry.lock_pipeline(cur, pipeline.name)
@@ -144,7 +155,8 @@ def plan_batch(conn, kafka: KafkaOffsets, pipeline: Pipeline, run_id: str, dag_i
         positions.store_initial_positions(cur, pipeline.name, initial)
         return batches.insert_batch(cur, pipeline, run_id, dag_id, next_ranges(states, pipeline), lag=lag_of(states))
 
-    return _plan_once(conn, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan, publish_config)
+    return _plan_once(conn, kafka, pipeline, dag_id, run_id, lambda: ask_kafka(conn, kafka, pipeline), plan,
+                      publish_config)
 
 
 def plan_for_interval(
@@ -176,7 +188,7 @@ def plan_for_interval(
         return batches.insert_replay(cur, pipeline, run_id, dag_id, replayed, f"airflow:{run_id}",
                                    "interval already committed: recomputed")
 
-    return _plan_once(conn, pipeline, dag_id, run_id, ask, plan, publish_config)
+    return _plan_once(conn, kafka, pipeline, dag_id, run_id, ask, plan, publish_config)
 
 
 # --- replays ---------------------------------------------------------------------------------------
@@ -274,7 +286,7 @@ def plan_replay(
         replayed = ranges_to_replay(cur, kafka, pipeline, request)
         return batches.insert_replay(cur, pipeline, run_id, dag_id, replayed, requested_by, reason)
 
-    return _plan_once(conn, pipeline, dag_id, run_id, lambda: None, plan)
+    return _plan_once(conn, kafka, pipeline, dag_id, run_id, lambda: None, plan)
 
 
 def recompute_batch(conn, pipeline: Pipeline, batch: Batch, *, requested_by: str, dag_id: str | None = None) -> Batch:

@@ -31,12 +31,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from kafka_batch.errors import FencedAttempt, InputError, ServiceError
 from kafka_batch.kafka.bounded import GRACE_SECONDS, Stuck, bounded
-from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps
+from kafka_batch.kafka.source import LIBRDKAFKA_LOG, KafkaOffsets, admin_config, first_timestamps, refused
 
 log = logging.getLogger("kafka_batch.kafka.publish")
 
 
 IDENTITY_PARTITION = 0  # the output topic's partition under which the publish group keeps the last identity
+# What publishing a batch asks of the output topic (AclOperation names; kafka.acls lists the rest).
+PUBLISH_OPERATIONS = ("WRITE", "DESCRIBE_CONFIGS")
 
 
 def transactional_id(pipeline: str, topic: str) -> str:
@@ -141,11 +143,16 @@ class Publisher:
                 raise InputError(f"the broker refused transaction.timeout.ms of {self.transactional_id}:"
                                  f" {exc.args[0].str()}; set sinks.kafka.transaction_timeout_seconds at most to"
                                  " the broker's transaction.max.timeout.ms") from None
+            denied = refused(exc.args[0], f"Write on the transactional id {self.transactional_id!r}")
+            if denied:
+                raise denied from None
             raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
 
     def check_writable(self) -> None:
-        """Before a batch publishes: a topic that cannot take acks=all writes now (too few in-sync replicas)
-        is a retried error naming it, before anything is read or produced."""
+        """Before a batch publishes, before anything is read or produced: a topic the user may not write is
+        refused in one line (exit 2); one that cannot take acks=all writes now (too few in-sync replicas)
+        is a retried error naming it."""
+        self._topic.refuse_unauthorized([self.topic], PUBLISH_OPERATIONS, "to publish the batch")
         short = self._topic.short_of_replicas(self.topic)
         if short:
             raise ServiceError(f"cannot publish to {self.topic!r} now: {short}; nothing was published")
@@ -212,10 +219,9 @@ class Publisher:
                 raise InputError(f"topic {self.topic!r} refused a message as too large ({error.str()}); set"
                                  " sinks.kafka.max_message_bytes at most to the topic's max.message.bytes (larger"
                                  " records are then quarantined); nothing was published") from None
-            if error.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                                KafkaError.GROUP_AUTHORIZATION_FAILED):
-                raise InputError(f"not authorized to publish to {self.topic!r} as {self.transactional_id}:"
-                                 f" {error.str()}; nothing was published") from None
+            denied = refused(error, f"publishing to {self.topic!r} as {self.transactional_id}; nothing was published")
+            if denied:
+                raise denied from None
             self.abort()
             raise _service_error(f"publishing batch {identity.batch_id} to {self.topic!r}", exc, self._why()) from None
 
@@ -264,6 +270,14 @@ class Publisher:
                 self._bounded(handle.close, what)
             except (KafkaException, RuntimeError, Stuck):
                 pass  # closed already, or given up: the broker forgets the client by itself
+
+
+def refuse_unpublishable(config: dict[str, Any], pipeline, timeout: float = 30.0) -> None:
+    """Before a batch is planned: an output topic the connection's user may not publish to is refused in one
+    line (exit 2), so nothing is planned that could not commit."""
+    topics = [sink.topic for sink in pipeline.publishing_sinks]
+    if topics:
+        KafkaOffsets(config, timeout).refuse_unauthorized(topics, PUBLISH_OPERATIONS, "to publish the pipeline's batches")
 
 
 def published_pending(config: dict[str, Any], pipeline, pending: Mapping[int, str],
@@ -349,6 +363,9 @@ def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tup
         except KafkaException as exc:
             # The group's coordinator moved (a node died, a leader was elected): ask again, as Kafka's own
             # clients do, until the timeout.
+            denied = refused(exc.args[0], f"Describe on the publish group {group_id!r}")
+            if denied:
+                raise denied from None
             if exc.args[0].code() not in _COORDINATOR_MOVED or time.monotonic() >= deadline:
                 raise _service_error(f"could not read the publish group {group_id}", exc) from None
             time.sleep(0.5)

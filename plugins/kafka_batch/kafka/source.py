@@ -39,6 +39,9 @@ from kafka_batch.kafka.ranges import OffsetRange
 LIBRDKAFKA_LOG = logging.getLogger("kafka_batch.librdkafka")
 LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 
+# The readers' consumer group: librdkafka's consumer needs one, and looks its coordinator up (which takes
+# Describe on the group where ACLs are enforced: kafka.acls); nothing is ever committed to it.
+READER_GROUP = "kafka-batch-range-reader"
 # Settings the reader relies on; a connection's extra cannot override them.
 _READER_REQUIRED = {
     "isolation.level": "read_committed",
@@ -50,7 +53,7 @@ _READER_REQUIRED = {
 }
 # Throughput defaults a connection's extra may override.
 _READER_DEFAULTS = {
-    "group.id": "kafka-batch-range-reader",  # required by librdkafka; nothing is committed to Kafka
+    "group.id": READER_GROUP,
     # With its queue full, the fetcher waits this long before it looks again: librdkafka's 1 s can
     # leave a fast reader waiting for records, 0 keeps a core busy looking (a 3M-record read took
     # 6.5-7.0 s of CPU with 0, 3.9-4.1 s with 10, in the same wall time).
@@ -68,6 +71,17 @@ _READER_DEFAULTS = {
 # A topic asked for by name that is not there: unknown, or a name Kafka cannot have.
 _NO_SUCH_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_EXCEPTION)
 _ADMIN_KEYS_IGNORED = {"group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset"}
+_AUTHORIZATION_FAILED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                         KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+
+
+def refused(error: KafkaError, what: str) -> InputError | None:
+    """A broker's authorization refusal of `what` as the operator's error (exit 2, never retried: only a
+    grant helps; kafka.acls says which); None for any other error."""
+    if error.code() not in _AUTHORIZATION_FAILED:
+        return None
+    return InputError(f"Kafka refused {what}: {error.str()} (the connection's user lacks an ACL;"
+                      " `kafka-batch acls --pipeline <name>` prints those a pipeline needs)")
 
 
 @dataclass(frozen=True)
@@ -96,12 +110,14 @@ class KafkaOffsets:
         if error.code() == KafkaError._AUTHENTICATION:
             self._refused = error.str()
 
-    def _unavailable(self, what: str, exc: KafkaException) -> Exception:
-        """Wrong credentials are the operator's to fix (never retried); anything else may pass."""
+    def _unavailable(self, what: str, exc: KafkaException, asked: str = "a request") -> Exception:
+        """Wrong credentials and a missing ACL (for what was `asked`) are the operator's to fix (never
+        retried); anything else may pass."""
         self._admin.poll(0)  # serves the error callbacks librdkafka queued meanwhile
         if self._refused:
             return InputError(f"Kafka refused the credentials of the connection: {self._refused}")
-        return ServiceError(f"{what}: {exc.args[0].str() if exc.args else exc}")
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        return (error and refused(error, asked)) or ServiceError(f"{what}: {error.str() if error else exc}")
 
     def cluster_id(self) -> str:
         """The cluster's id, which the transactional check's verdict is kept under."""
@@ -109,7 +125,8 @@ class KafkaOffsets:
             return self._answer(self._admin.describe_cluster(request_timeout=self._timeout), "describing the cluster"
                                 ).cluster_id
         except KafkaException as exc:
-            raise self._unavailable(f"Kafka did not describe its cluster within {self._timeout:.0f}s", exc) from None
+            raise self._unavailable(f"Kafka did not describe its cluster within {self._timeout:.0f}s", exc,
+                                    "describing the cluster") from None
 
     def _answer(self, future, what: str):
         """An admin request's answer, waited for within the request's timeout and a grace (kafka.bounded)."""
@@ -138,7 +155,7 @@ class KafkaOffsets:
             if meta is None or (meta.error is not None and meta.error.code() in _NO_SUCH_TOPIC):
                 raise InputError(f"topic {topic!r} does not exist")
             if meta.error is not None:
-                raise ServiceError(f"topic {topic!r}: {meta.error}")
+                raise refused(meta.error, f"Describe on topic {topic!r}") or ServiceError(f"topic {topic!r}: {meta.error}")
             found.extend((topic, p) for p in sorted(meta.partitions))
         return found
 
@@ -151,7 +168,8 @@ class KafkaOffsets:
             configs = self._answer(self._admin.describe_configs([resource], request_timeout=self._timeout)[resource],
                                    f"describing topic {topic}")
         except KafkaException as exc:
-            raise self._unavailable(f"describing topic {topic!r} failed", exc) from None
+            raise self._unavailable(f"describing topic {topic!r} failed", exc,
+                                    f"DescribeConfigs on topic {topic!r}") from None
         needed = int(configs["min.insync.replicas"].value)
         leaderless = sorted(p for p, meta in partitions.items() if meta.leader < 0)
         short = sorted(p for p, meta in partitions.items() if len(meta.isrs) < needed)
@@ -163,11 +181,39 @@ class KafkaOffsets:
         return (f"topic {topic!r}: {'; '.join(said)}: Kafka refuses acks=all writes until enough replicas are back"
                 " in sync (a node is down?)")
 
+    def refuse_unauthorized(self, topics: list[str], operations: tuple[str, ...], needed_for: str) -> None:
+        """An InputError naming what the connection's user may not do of `operations` (AclOperation names) on
+        `topics`, by the broker's own answer (the operations it authorizes), asked before anything is planned
+        or published; nothing where the broker does not say."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AclOperation
+
+        futures = self._admin.describe_topics(TopicCollection(list(topics)), include_authorized_operations=True,
+                                              request_timeout=self._timeout)
+        lacking = {}
+        for topic, future in futures.items():
+            try:
+                allowed = self._answer(future, f"describing topic {topic}").authorized_operations
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() in _NO_SUCH_TOPIC:
+                    raise InputError(f"topic {topic!r} does not exist") from None
+                raise self._unavailable(f"describing topic {topic!r} failed", exc, f"Describe on topic {topic!r}") from None
+            if allowed is not None and AclOperation.ALL not in allowed:
+                missing = [op for op in operations if AclOperation[op] not in allowed]
+                if missing:
+                    lacking[topic] = missing
+        if lacking:
+            said = "; ".join(f"{' and '.join(op.title().replace('_', '') for op in ops)} on topic {t!r}"
+                             for t, ops in sorted(lacking.items()))
+            raise InputError(f"Kafka's ACLs refuse the connection's user {said}, needed {needed_for}"
+                             " (`kafka-batch acls --pipeline <name>` prints those a pipeline needs)")
+
     def _metadata(self, topic: str | None = None):
         try:
             return self._admin.list_topics(topic, timeout=self._timeout)
         except KafkaException as exc:
-            raise self._unavailable(f"Kafka did not answer a metadata request within {self._timeout:.0f}s", exc) from None
+            raise self._unavailable(f"Kafka did not answer a metadata request within {self._timeout:.0f}s", exc,
+                                    "a metadata request") from None
 
     def offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], PartitionOffsets]:
         if not partitions:
@@ -217,7 +263,8 @@ class KafkaOffsets:
                     result[(tp.topic, tp.partition)] = self._answer(future, f"listing offsets of {tp.topic}[{tp.partition}]"
                                                                     ).offset
                 except KafkaException as exc:
-                    raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc) from None
+                    raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc,
+                                            f"Describe on topic {tp.topic!r}") from None
             asking = [tp for tp in asking if result[tp] == OFFSET_INVALID]
             if not asking:
                 return result
@@ -362,7 +409,7 @@ def _raise_read_error(r: OffsetRange, reached: int, error: KafkaError) -> None:
     where = f"{r.topic}[{r.partition}] range {r.from_offset}..{r.until_offset} at offset {reached}"
     if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         raise DataLossError(f"{where}: offset out of range, records were deleted before they were read ({error.str()})")
-    raise ServiceError(f"{where}: {error.str()}")
+    raise refused(error, f"reading {where}") or ServiceError(f"{where}: {error.str()}")
 
 
 def first_timestamps(config: dict[str, Any], positions: dict[tuple[str, int], int],
