@@ -457,7 +457,7 @@ class Pipeline(Model):
     ...`): at most N of their batches then execute at once, the others queue in Airflow. Airflow leaves a
     task of a pool it does not have scheduled, never run; the console names such a pipeline's pool."""
     on_data_loss: Literal["fail", "skip"] = "fail"
-    """A stored position below the log start (retention deleted unread records): stop, or record the loss and go on."""
+    """A stored position below the log start (retention deleted unread records), or a log truncated below it (an unclean leader election): stop, or record the loss and go on."""
     on_invalid_record: Literal["quarantine", "fail"] = "quarantine"
     """A record the pipeline cannot process: quarantine it with its reason, or stop the batch."""
     record: Record

@@ -132,12 +132,12 @@ class KafkaCluster:
             if local_stack._service_running(state, local_stack._node_key(node.id)):
                 local_stack.freeze_kafka_node(self.home, node.id, frozen=False)
 
-    def revive(self) -> None:
-        """Every node that is down starts again on its data; every frozen one goes on."""
+    def revive(self, only: set[int] | None = None) -> None:
+        """Every node that is down (or of `only`) starts again on its data; every frozen one goes on."""
         from kafka_batch_dev import local_stack
 
         self.thaw()
-        local_stack.revive_kafka(self.home)
+        local_stack.revive_kafka(self.home, only)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ still gone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, NewTopic
 
 from kafka_batch import connections
 from kafka_batch.kafka.bounded import GRACE_SECONDS
@@ -25,12 +26,15 @@ from kafka_batch.kafka.publish import transactional_id
 from kafka_batch_dev import sample_data
 from tests.integration.helpers import (
     _committed_messages,
+    admin_client,
     create_topic,
     ground_truth,
+    merged,
     new_pipeline,
     positions,
     query,
     run_cli,
+    table_contents,
     update_pipeline,
 )
 
@@ -240,3 +244,71 @@ def test_a_publish_refused_for_lack_of_in_sync_replicas_changes_nothing_and_comp
         time.sleep(1)
     run_cli("run", "--pipeline", pipeline.name)
     _exactly_once(pipeline, output, on_cluster)
+
+
+def _elect_uncleanly(cluster, topic: str, follower: int, leader: int) -> None:
+    """`follower` (out of sync since it died) becomes the partition's leader after `leader` dies: the
+    topic allows unclean elections; asked for, where the controller has not made one by itself."""
+    from confluent_kafka import ElectionType, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    cluster.kill(leader)
+    cluster.revive(only={follower})
+    admin = AdminClient(cluster.config)  # referenced until its answer
+    deadline = time.monotonic() + 120
+    while cluster.leader(topic, 0) != follower:
+        assert time.monotonic() < deadline, f"node {follower} was not elected: {cluster.leader(topic, 0)}"
+        # No controller quorum yet (no answer), or the controller elected it meanwhile (an error).
+        with contextlib.suppress(KafkaException, TimeoutError):
+            admin.elect_leaders(ElectionType.UNCLEAN, [TopicPartition(topic, 0)]).result(timeout=15)
+        time.sleep(1)
+
+
+def test_a_log_truncated_below_the_position_by_an_unclean_election_is_data_loss_never_a_silent_read(on_cluster):
+    # Two replicas, one in sync enough (min.insync.replicas 1), unclean elections allowed: the follower dies,
+    # the leader takes 50 records alone, the pipeline commits them, the leader dies and the follower,
+    # without them, is elected. The log now ends below the position; then new records take those offsets.
+    # Ground truth: what a plain read_committed consumer read of the topic before and after.
+    pipeline = new_pipeline("unclean", partitions=0)
+    topic = pipeline.topics[0]
+    leader, follower = 2, 3  # node 1 stays up throughout: with the follower back, two of three voters
+    admin = admin_client(on_cluster.config)
+    for future in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=-1, replica_assignment=[[leader, follower]], config={
+            "min.insync.replicas": "1", "unclean.leader.election.enable": "true"})]).values():
+        future.result(timeout=60)
+    sample_data.wait_for_topic(admin, topic, 1)
+    sample_data.produce_page_views(on_cluster.config, topic, 100, seed=101)
+    run_cli("run", "--pipeline", pipeline.name)
+    on_cluster.kill(follower)
+    deadline = time.monotonic() + 90
+    while on_cluster.in_sync(topic, 0) != [leader]:
+        assert time.monotonic() < deadline, on_cluster.in_sync(topic, 0)
+        time.sleep(1)
+    sample_data.produce_page_views(on_cluster.config, topic, 50, seed=102)
+    run_cli("run", "--pipeline", pipeline.name)
+    read = list(_committed_messages(topic, [0], on_cluster.config))  # the 150 records the pipeline committed
+    assert len(read) == 150 and positions(pipeline.name) == {(topic, 0): 150}
+    _elect_uncleanly(on_cluster, topic, follower, leader)
+
+    ends_below = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert ends_below.returncode == 5, ends_below.stderr[-2000:]  # data loss: an operator decides
+    assert (f"{topic}[0]: data loss: its log ends at 100, below the stored position 150: records 100..150 that"
+            " batches committed are no longer in it") in ends_below.stderr, ends_below.stderr[-2000:]
+    sample_data.produce_page_views(on_cluster.config, topic, 80, seed=103)  # offsets 100..179: other records
+    written_over = run_cli("run", "--pipeline", pipeline.name, check=False)
+    assert written_over.returncode == 5, written_over.stderr[-2000:]
+    assert (f"{topic}[0]: data loss: its leader's log differs from offset 100 on, below the stored position 150"
+            in written_over.stderr), written_over.stderr[-2000:]
+    assert positions(pipeline.name) == {(topic, 0): 150}
+    assert table_contents(pipeline) == ground_truth(topic, messages=read)
+
+    update_pipeline(pipeline.name, on_data_loss="skip")  # the operator accepts the loss: read on
+    run_cli("run", "--pipeline", pipeline.name)
+    now = list(_committed_messages(topic, [0], on_cluster.config))
+    assert [m.offset() for m in now] == list(range(180))
+    assert table_contents(pipeline) == merged(ground_truth(topic, messages=read),
+                                              ground_truth(topic, messages=[m for m in now if m.offset() >= 150]))
+    assert positions(pipeline.name) == {(topic, 0): 180}
+    assert query("SELECT lost_from, lost_until FROM kafka_batch.data_loss WHERE pipeline = %s", pipeline.name) == [
+        (100, 150)]
+    on_cluster.revive()  # the old leader comes back and truncates its log to the new leader's

@@ -18,8 +18,8 @@ from kafka_batch.kafka.ranges import (
 )
 
 
-def state(partition, position, log_start=0, last_stable=100, topic="t"):
-    return PartitionState(topic, partition, position, log_start, last_stable)
+def state(partition, position, log_start=0, last_stable=100, topic="t", **more):
+    return PartitionState(topic, partition, position, log_start, last_stable, **more)
 
 
 def test_ranges_run_from_position_to_last_stable_offset():
@@ -59,9 +59,24 @@ def test_position_below_log_start_is_data_loss():
         plan_ranges([state(0, 5, log_start=20)], 1000, 1000)
 
 
-def test_position_past_the_end_is_refused():
-    with pytest.raises(StateError, match=r"t\[1\]: stored position 150 is past the end .*\(last stable offset 100\)"):
+def test_a_log_truncated_below_the_position_is_data_loss():
+    # Its end below the position (a lagging replica elected, or the topic recreated) ...
+    with pytest.raises(DataLossError, match=r"t\[1\]: data loss: its log ends at 100, below the stored position 150:"
+                       r" records 100..150 that batches committed are no longer in it"):
         plan_ranges([state(1, 150)], 1000, 1000)
+    # ... or its leader's log diverging below it, new records written over it since.
+    with pytest.raises(DataLossError, match=r"t\[1\]: data loss: its leader's log differs from offset 40 on, below the"
+                       r" stored position 60: records 40..60"):
+        plan_ranges([state(1, 60, truncated_at=40)], 1000, 1000)
+    assert plan_ranges([state(1, 60, truncated_at=60, epoch=7)], 1000, 1000) == [
+        OffsetRange("t", 1, 60, 100, until_epoch=7)]  # intact up to the position: nothing lost
+
+
+def test_skip_reads_on_from_the_position_and_records_the_truncated_offsets_as_lost():
+    assert plan_ranges([state(1, 60, truncated_at=40, epoch=3)], 1000, 1000, "skip") == [
+        OffsetRange("t", 1, 60, 100, until_epoch=3, truncated_from=40)]
+    # The log's end still below the position: nothing to read there yet.
+    assert plan_ranges([state(0, 150), state(1, 20)], 1000, 1000, "skip") == [OffsetRange("t", 1, 20, 100)]
 
 
 def test_split_covers_each_range_contiguously_and_keeps_range_id():
@@ -102,9 +117,6 @@ def test_skip_plans_past_the_lost_records_and_says_which_were_lost():
     assert ranges[0].readable() == OffsetRange("t", 0, 20, 70)
     # Everything left was lost: the range still moves the position past the gap.
     assert plan_ranges([state(0, 5, log_start=100)], 50, 1000, "skip") == [OffsetRange("t", 0, 5, 100, lost_until=100)]
-    # The position past the end is refused whatever the policy.
-    with pytest.raises(StateError, match="past the end"):
-        plan_ranges([state(0, 150)], 50, 1000, "skip")
 
 
 def test_retention_is_checked_again_before_reading():

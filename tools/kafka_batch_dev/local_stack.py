@@ -398,13 +398,14 @@ def kafka_admin_config(base: Path, state: dict) -> dict[str, str]:
 
 
 def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dict | None = None,
-                security: str | None = None) -> None:
+                security: str | None = None, only: set[int] | None = None) -> None:
     """Apache Kafka: one KRaft node on loopback, or a cluster of three (kafka_broker), each node's
     configuration, data and log (`kafka.log`, `kafka-2.log`, ...) under `base`, its jars in the local
     home (fetched here if `make install` did not). A node that is not running starts on its ports and
     data (one killed comes back); the others are left as they are. `settings`: broker settings over ours,
     kept for the nodes' later starts. `security`: `sasl_ssl` makes the listener SASL_SSL with ACLs
-    (kafka_security), kept with the data."""
+    (kafka_security), kept with the data. `only`: start just these nodes (of those down), and wait for
+    their ports alone (a fault test's node that comes back while another stays down)."""
     from kafka_batch.spark.submit import java_home, spark_environment
 
     count = _requested_nodes(base, nodes, state)
@@ -429,7 +430,7 @@ def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dic
         config = kafka_broker.write_config(_node_dir(base, node.id), node, cluster, settings, listener)
         kafka_broker.format_storage(home(), config, java, cluster_id, users)
         state[f"{key}_controller_port"] = node.controller_port
-        if not _service_running(state, key):
+        if not _service_running(state, key) and (only is None or node.id in only):
             # Every node first, then the waits: a node of three serves once a majority of the quorum is up.
             command = kafka_broker.node_command(home(), config, java, count)
             launched.append((node, _launch_service(base, key, command)))
@@ -437,6 +438,8 @@ def start_kafka(base: Path, state: dict, nodes: int | None = None, settings: dic
     for node, proc in launched:
         what = KAFKA if count == 1 else f"Kafka node {node.id}"
         _await_service(base, state, _node_key(node.id), what, proc, node.port, timeout=120)
+    if only is not None:
+        return
     ports = [node.port for node in cluster]
     log = base / "kafka.log"
     admin = kafka_admin_config(base, state)
@@ -478,10 +481,10 @@ def freeze_kafka_node(base: Path, node_id: int, frozen: bool = True) -> None:
     os.killpg(state[f"{key}_pid"], signal.SIGSTOP if frozen else signal.SIGCONT)
 
 
-def revive_kafka(base: Path) -> None:
-    """Start again whatever node of the local cluster is down, on its ports and data."""
+def revive_kafka(base: Path, only: set[int] | None = None) -> None:
+    """Start again whatever node of the local cluster is down (or of `only`), on its ports and data."""
     state = read_state(base)
-    start_kafka(base, state)
+    start_kafka(base, state, only=only)
     _state_path(base).write_text(json.dumps(state, indent=2))
 
 

@@ -61,7 +61,7 @@ _SELECT_BATCH = (
 )
 
 
-_RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until"
+_RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until, until_epoch, truncated_from"
 
 
 
@@ -179,9 +179,11 @@ def insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, range
     for r in ranges:
         cur.execute(
             "INSERT INTO kafka_batch.batch_ranges"
-            " (batch_id, topic, partition, from_offset, until_offset, lost_until, lost_detected_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s IS NULL THEN NULL ELSE now() END)",
-            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset, r.lost_until, r.lost_until),
+            " (batch_id, topic, partition, from_offset, until_offset, lost_until, lost_detected_at, until_epoch,"
+            " truncated_from)"
+            " VALUES (%s, %s, %s, %s, %s, %s, CASE WHEN %s IS NULL AND %s IS NULL THEN NULL ELSE now() END, %s, %s)",
+            (batch_id, r.topic, r.partition, r.from_offset, r.until_offset, r.lost_until, r.lost_until,
+             r.truncated_from, r.until_epoch, r.truncated_from),
         )
     return select_batch(cur, batch_id)
 

@@ -1,4 +1,5 @@
-"""Data loss records: offsets that retention deleted before a batch read them (on_data_loss: skip).
+"""Data loss records, under on_data_loss: skip: offsets that retention deleted before a batch read them,
+and offsets below a position whose records a truncated log (an unclean leader election) no longer holds.
 
 A planned range notes the gap when it is found; the commit that moves past it writes it to the
 `kafka_batch.data_loss` ledger in the same transaction.
@@ -14,8 +15,10 @@ def record_data_loss(cur, pipeline_name: str, batch_id: int) -> None:
     cur.execute(
         "INSERT INTO kafka_batch.data_loss (pipeline, topic, partition, lost_from, lost_until, detected_at, batch_id)"
         " SELECT %s, topic, partition, from_offset, lost_until, lost_detected_at, batch_id"
-        " FROM kafka_batch.batch_ranges WHERE batch_id = %s AND lost_until IS NOT NULL AND replaces_range_id IS NULL",
-        (pipeline_name, batch_id),
+        " FROM kafka_batch.batch_ranges WHERE batch_id = %s AND lost_until IS NOT NULL AND replaces_range_id IS NULL"
+        " UNION ALL SELECT %s, topic, partition, truncated_from, from_offset, lost_detected_at, batch_id"
+        " FROM kafka_batch.batch_ranges WHERE batch_id = %s AND truncated_from IS NOT NULL AND replaces_range_id IS NULL",
+        (pipeline_name, batch_id, pipeline_name, batch_id),
     )
 
 

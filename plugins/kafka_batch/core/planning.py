@@ -9,7 +9,7 @@ lock then serializes planning with commits and resets. The pure decisions live i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kafka_batch.config import Pipeline
 from kafka_batch.core import batches, database, ledger, positions, registry
@@ -33,6 +33,8 @@ class LogView:
 
     offsets: dict[tuple[str, int], PartitionOffsets]
     start_offsets: dict[tuple[str, int], int]  # where a pipeline started by timestamp begins
+    # Where a partition's log stopped holding what was committed below its position (truncations).
+    truncated: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def partitions(self) -> list[tuple[str, int]]:
@@ -40,16 +42,20 @@ class LogView:
 
 
 def ask_kafka(conn, kafka: KafkaOffsets, pipeline: Pipeline) -> LogView:
-    """Partitions, log starts and last stable offsets (and start offsets for a start by time)."""
+    """Partitions, log starts and last stable offsets (and start offsets for a start by time), and where a
+    log no longer holds what was committed: asked of a partition's leader only where its leader epoch
+    moved since the position was committed (a new leader; only an unclean one truncates)."""
     partitions = kafka.partitions(pipeline.topics, pipeline.topic_pattern)
     offsets = kafka.offsets(partitions)
+    with transaction(conn) as cur:
+        epochs = positions.read_epochs(cur, pipeline.name)
+        started = pipeline.start.kind != "timestamp" or bool(positions.read_positions(cur, pipeline.name))
+    moved = {tp: stored for tp, stored in epochs.items()
+             if tp in offsets and offsets[tp].epoch is not None and offsets[tp].epoch != stored[1]}
     start_offsets = dict(pipeline.start.offsets)
-    if pipeline.start.kind == "timestamp":
-        with transaction(conn) as cur:
-            started = bool(positions.read_positions(cur, pipeline.name))
-        if not started:
-            start_offsets = kafka.offsets_at_time(partitions, pipeline.start.timestamp_ms)
-    return LogView(offsets, start_offsets)
+    if not started:
+        start_offsets = kafka.offsets_at_time(partitions, pipeline.start.timestamp_ms)
+    return LogView(offsets, start_offsets, kafka.truncations(moved) if moved else {})
 
 
 def partition_states(cur, pipeline: Pipeline, view: LogView) -> tuple[list[PartitionState], dict]:
@@ -59,7 +65,8 @@ def partition_states(cur, pipeline: Pipeline, view: LogView) -> tuple[list[Parti
     """
     stored = positions.read_positions(cur, pipeline.name)
     states = [
-        PartitionState(t, p, stored.get((t, p)), o.log_start, o.last_stable) for (t, p), o in view.offsets.items()
+        PartitionState(t, p, stored.get((t, p)), o.log_start, o.last_stable, o.epoch, view.truncated.get((t, p)))
+        for (t, p), o in view.offsets.items()
     ]
     kind = "offsets" if pipeline.start.kind == "timestamp" else pipeline.start.kind
     initial = initial_positions(states, kind, pipeline.new_partitions, view.start_offsets)

@@ -28,11 +28,20 @@ def read_positions(cur, pipeline_name: str) -> dict[tuple[str, int], int]:
     return {(topic, partition): offset for topic, partition, offset in cur.fetchall()}
 
 
+def read_epochs(cur, pipeline_name: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(position, the leader epoch at it when it was committed), where a commit stored one."""
+    cur.execute(
+        "SELECT topic, partition, next_offset, leader_epoch FROM kafka_batch.offsets"
+        " WHERE pipeline = %s AND leader_epoch IS NOT NULL", (pipeline_name,)
+    )
+    return {(topic, partition): (offset, epoch) for topic, partition, offset, epoch in cur.fetchall()}
+
+
 
 def _compare_and_set(cur, pipeline_name: str, topic: str, partition: int, expected: int, new: int,
                      batch_id: int | None) -> bool:
     cur.execute(
-        "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = %s"
+        "UPDATE kafka_batch.offsets SET next_offset = %s, updated_at = now(), batch_id = %s, leader_epoch = NULL"
         " WHERE pipeline = %s AND topic = %s AND partition = %s AND next_offset = %s",
         (new, batch_id, pipeline_name, topic, partition, expected),
     )
@@ -42,18 +51,21 @@ def _compare_and_set(cur, pipeline_name: str, topic: str, partition: int, expect
 
 def move_positions(cur, pipeline_name: str, batch_id: int, ranges: list[OffsetRange]) -> None:
     """The core move for every range of a batch in one statement: `from` -> `until` on each row only
-    if its stored position is `from`; one range that does not match and nothing commits."""
+    if its stored position is `from`; one range that does not match and nothing commits. The position
+    keeps the range's leader epoch at `until` (planning checks the log against it later)."""
     keys = {(r.topic, r.partition) for r in ranges}
     if len(keys) != len(ranges):
         raise StateError(f"batch {batch_id}: two ranges of one partition; nothing was committed")
     cur.execute(
-        "UPDATE kafka_batch.offsets o SET next_offset = r.until_offset, updated_at = now(), batch_id = %s"
+        "UPDATE kafka_batch.offsets o SET next_offset = r.until_offset, updated_at = now(), batch_id = %s,"
+        " leader_epoch = r.until_epoch"
         " FROM (SELECT unnest(%s::text[]) AS topic, unnest(%s::int[]) AS partition,"
-        " unnest(%s::bigint[]) AS from_offset, unnest(%s::bigint[]) AS until_offset) r"
+        " unnest(%s::bigint[]) AS from_offset, unnest(%s::bigint[]) AS until_offset,"
+        " unnest(%s::int[]) AS until_epoch) r"
         " WHERE o.pipeline = %s AND o.topic = r.topic AND o.partition = r.partition AND o.next_offset = r.from_offset"
         " RETURNING o.topic, o.partition",
         (batch_id, [r.topic for r in ranges], [r.partition for r in ranges], [r.from_offset for r in ranges],
-         [r.until_offset for r in ranges], pipeline_name),
+         [r.until_offset for r in ranges], [r.until_epoch for r in ranges], pipeline_name),
     )
     moved = set(cur.fetchall())
     for r in ranges:

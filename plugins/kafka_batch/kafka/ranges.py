@@ -24,6 +24,12 @@ class OffsetRange:
     range_id: int | None = None
     # Under on_data_loss=skip: [from_offset, lost_until) was deleted before it was read.
     lost_until: int | None = None
+    # The partition's leader epoch at `until_offset` when planned: stored with the position it commits, so
+    # a later plan can ask the partition's leader whether its log still holds what was read.
+    until_epoch: int | None = None
+    # Under on_data_loss=skip: the log was truncated below from_offset (an unclean leader election), and
+    # [truncated_from, from_offset) no longer holds the records committed there; recorded as lost.
+    truncated_from: int | None = None
 
     @property
     def span(self) -> int:
@@ -38,6 +44,8 @@ class OffsetRange:
 
     def __str__(self) -> str:
         lost = f" (lost {self.from_offset}..{self.lost_until})" if self.lost_until is not None else ""
+        if self.truncated_from is not None:
+            lost += f" (truncated {self.truncated_from}..{self.from_offset})"
         return f"{self.topic}[{self.partition}] {self.from_offset}..{self.until_offset}{lost}"
 
 
@@ -48,6 +56,11 @@ class PartitionState:
     position: int | None  # stored next offset, None for a partition never read
     log_start: int
     last_stable: int
+    epoch: int | None = None  # the leader epoch at last_stable, now
+    # Where the partition's log, as its leader has it now, stops holding what the pipeline committed below
+    # its position (asked of the leader by the position's epoch: an unclean election truncated it); None
+    # where nothing says so.
+    truncated_at: int | None = None
 
 
 def start_offset(state: PartitionState, start: str) -> int:
@@ -91,15 +104,30 @@ def initial_positions(
     return positions
 
 
+def _truncated_from(state: PartitionState, on_data_loss: str) -> int | None:
+    """Where the log stopped holding what the pipeline committed below its position (its end is below the
+    position, or its leader says it diverged there), under `skip`; None if it holds it all. Under `fail`,
+    a DataLossError: offsets the pipeline read now hold other records, or will."""
+    ends_below = state.position > state.last_stable
+    below = min(state.last_stable if ends_below else state.position,
+                state.position if state.truncated_at is None else state.truncated_at)
+    if below >= state.position:
+        return None
+    if on_data_loss == "skip":
+        return below
+    now = (f"its log ends at {state.last_stable}" if ends_below else
+           f"its leader's log differs from offset {below} on")
+    raise DataLossError(
+        f"{state.topic}[{state.partition}]: data loss: {now}, below the stored position {state.position}: records"
+        f" {below}..{state.position} that batches committed are no longer in it (an unclean leader election truncated"
+        " it, or the topic was deleted and recreated), and new records take or will take those offsets"
+        " (on_data_loss: fail; under skip the pipeline reads on from its position and records them as lost)"
+    )
+
+
 def _lost_until(state: PartitionState, on_data_loss: str) -> int | None:
     """Where readable data begins if retention overtook the position; None if nothing was lost."""
     where = f"{state.topic}[{state.partition}]"
-    if state.position > state.last_stable:
-        raise StateError(
-            f"{where}: stored position {state.position} is past the end of the partition "
-            f"(last stable offset {state.last_stable}); was the topic deleted and recreated? "
-            "Reset the position explicitly to go on"
-        )
     if state.position >= state.log_start:
         return None
     if on_data_loss == "skip":
@@ -147,21 +175,28 @@ def plan_ranges(
     """The next ranges: from each stored position up to the last stable offset, within the limits.
 
     A position below the log start fails the plan, or under `skip` yields a range whose lost part
-    [position, log start) is recorded when the batch commits; the limits count readable offsets.
+    [position, log start) is recorded when the batch commits; the limits count readable offsets. So does a
+    log truncated below the position (`_truncated_from`): under `skip`, the range from the position notes
+    the truncated part, once the log reaches the position again. Each range carries the leader epoch now,
+    which its commit stores with the position.
     """
     candidates = []
     for state in sorted(states, key=lambda s: (s.topic, s.partition)):
         if state.position is None:
             raise StateError(f"{state.topic}[{state.partition}] has no stored position; store initial_positions first")
+        truncated_from = _truncated_from(state, on_data_loss)
+        if state.position > state.last_stable:
+            continue  # truncated below the position, under skip: nothing to read until the log is back there
         lost_until = _lost_until(state, on_data_loss)
         begin = state.position if lost_until is None else lost_until
         end = min(state.last_stable, begin + max_records_per_partition)
-        candidates.append((state, lost_until, begin, end))
-    shares = fair_shares([end - begin for _, _, begin, end in candidates], max_records_per_batch)
+        candidates.append((state, lost_until, truncated_from, begin, end))
+    shares = fair_shares([end - begin for *_, begin, end in candidates], max_records_per_batch)
     ranges = []
-    for (state, lost_until, begin, _end), share in zip(candidates, shares, strict=True):
+    for (state, lost_until, truncated_from, begin, _end), share in zip(candidates, shares, strict=True):
         if share > 0 or lost_until is not None:
-            ranges.append(OffsetRange(state.topic, state.partition, state.position, begin + share, None, lost_until))
+            ranges.append(OffsetRange(state.topic, state.partition, state.position, begin + share, None, lost_until,
+                                      state.epoch, truncated_from))
     return ranges
 
 

@@ -88,6 +88,9 @@ def refused(error: KafkaError, what: str) -> InputError | None:
 class PartitionOffsets:
     log_start: int
     last_stable: int
+    # The partition's leader epoch at the last stable offset (None where the broker does not say): a
+    # position stored with it can be checked against a later leader's log (`truncations`).
+    epoch: int | None = None
 
 
 def admin_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +106,7 @@ class KafkaOffsets:
         # which would ask the broker to create a missing topic: a typo'd name would become a topic).
         self._admin = AdminClient({**admin_config(config), "allow.auto.create.topics": False, "logger": LIBRDKAFKA_LOG,
                                    "error_cb": self._on_error})
+        self._config = config
         self._timeout = timeout
         self._refused: str | None = None  # why the broker refused the connection's credentials
 
@@ -219,8 +223,8 @@ class KafkaOffsets:
         if not partitions:
             return {}
         earliest = self._list(partitions, OffsetSpec.earliest())
-        stable = self._list(partitions, OffsetSpec.latest())
-        return {tp: PartitionOffsets(earliest[tp], stable[tp]) for tp in partitions}
+        stable = self._listed(partitions, OffsetSpec.latest())
+        return {tp: PartitionOffsets(earliest[tp], stable[tp].offset, stable[tp].leader_epoch) for tp in partitions}
 
     def log_starts(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Where each partition's log begins now (retention and deletions move it): one listing, not `offsets`'
@@ -240,19 +244,59 @@ class KafkaOffsets:
             tp: ends[tp].last_stable if found[tp] is None else min(found[tp], ends[tp].last_stable) for tp in partitions
         }
 
+    def truncations(self, positions: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], int]:
+        """Where each partition's log, as its leader has it now, stops holding what was committed below its
+        position (`positions`: partition -> (position, the leader epoch at it when committed)); partitions
+        whose log holds it all are left out. Kafka's own check (KIP-320): a consumer assigned at the
+        position with its epoch asks the leader where that epoch ends in its log, and librdkafka reports
+        a log that ends before the position (an unclean election truncated it) instead of reading on."""
+        consumer = Consumer({**reader_config(self._config), "logger": LIBRDKAFKA_LOG})
+        found: dict[tuple[str, int], int] = {}
+        pending = set(positions)
+        try:
+            consumer.assign([TopicPartition(t, p, offset, leader_epoch=epoch)
+                             for (t, p), (offset, epoch) in positions.items()])
+            deadline = time.monotonic() + self._timeout
+            while pending and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=500, timeout=0.5):
+                    tp = (message.topic(), message.partition())
+                    if tp not in pending:
+                        continue
+                    error = message.error()
+                    if error is not None and "truncation" in error.str():
+                        # librdkafka's own words: "... broker end offset is 10 (offset leader epoch 0) ..."
+                        said = re.search(r"end offset is (\d+)", error.str())
+                        found[tp] = int(said.group(1)) if said else 0  # not said: everything is in doubt
+                    elif error is not None and error.code() not in (KafkaError._PARTITION_EOF,
+                                                                      KafkaError._AUTO_OFFSET_RESET):
+                        continue  # a transient error: librdkafka retries, the answer comes later
+                    pending.discard(tp)  # a record or the partition's end at the position: the log holds it
+                    consumer.pause([TopicPartition(*tp)])
+        finally:
+            consumer.close()
+        if pending:
+            named = ", ".join(f"{t}[{p}]" for t, p in sorted(pending)[:5])
+            raise ServiceError(f"Kafka did not say within {self._timeout:g} s whether the logs of {named} still hold"
+                               " what was committed (their leaders moved since)")
+        return found
+
     def ends(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """The high watermarks, open transactions' records included (never planned: see `offsets`)."""
         return self._list(partitions, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)
 
     def _list(self, partitions: list[tuple[str, int]], spec: OffsetSpec,
               isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], int]:
-        """One offset per partition. A partition whose leader died is answered with no offset
+        return {tp: info.offset for tp, info in self._listed(partitions, spec, isolation).items()}
+
+    def _listed(self, partitions: list[tuple[str, int]], spec: OffsetSpec,
+                isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], Any]:
+        """One answer (offset, leader epoch) per partition. A partition whose leader died is answered with no offset
         (OFFSET_INVALID), not an error, as long as the client's metadata names that leader: its topic's
         metadata is asked for (which refreshes them) and the partition again, until the cluster has elected
         another leader (seconds), within the timeout. Each request waits a quarter of it (at least 5 s):
         a dead leader is waited for until the request's timeout."""
         deadline = time.monotonic() + self._timeout
-        result: dict[tuple[str, int], int] = {}
+        result: dict[tuple[str, int], Any] = {}
         asking = list(partitions)
         while True:
             request = {TopicPartition(t, p): spec for t, p in asking}
@@ -260,12 +304,11 @@ class KafkaOffsets:
             futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=wait)
             for tp, future in futures.items():
                 try:
-                    result[(tp.topic, tp.partition)] = self._answer(future, f"listing offsets of {tp.topic}[{tp.partition}]"
-                                                                    ).offset
+                    result[(tp.topic, tp.partition)] = self._answer(future, f"listing offsets of {tp.topic}[{tp.partition}]")
                 except KafkaException as exc:
                     raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc,
                                             f"Describe on topic {tp.topic!r}") from None
-            asking = [tp for tp in asking if result[tp] == OFFSET_INVALID]
+            asking = [tp for tp in asking if result[tp].offset == OFFSET_INVALID]
             if not asking:
                 return result
             if time.monotonic() >= deadline:
