@@ -113,6 +113,12 @@ class KafkaCluster:
 
         return self.leader("__transaction_state", coordinator_partition(transactional_id))
 
+    def active_controller(self) -> int:
+        """The node leading the controllers' quorum (-1: none elected within a minute)."""
+        from kafka_batch_dev import local_stack
+
+        return local_stack.active_controller(self.home)
+
     def kill(self, node: int) -> None:
         from kafka_batch_dev import local_stack
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from kafka_batch_dev import local_stack
-from tests.integration.test_chaos import _chaos
+from kafka_batch_dev.chaos.cli import main as chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -38,7 +38,7 @@ def test_the_kafka_node_sigkilled_while_reading_and_between_the_commits(own_node
     report = tmp_path / "chaos.json"
     recover_on = "spark-connect" if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" in os.environ else "spark-submit"
     scenarios = ["broker-kill-reading", "broker-kill-published"]
-    code = _chaos().main(["--iterations", "1", "--records", "3000", "--scenarios", ",".join(scenarios),
+    code = chaos(["--iterations", "1", "--records", "3000", "--scenarios", ",".join(scenarios),
                           "--recover-on", recover_on, "--services-home", str(home), "--json", str(report)])
     results = json.loads(report.read_text())
     assert {name: r["violations"] for name, r in results.items()} == dict.fromkeys(scenarios, [])

@@ -3,24 +3,14 @@ they are meant for, and the independent checker finds no exactly-once violation.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
-from tests.integration.helpers import ROOT
+from kafka_batch_dev.chaos.cli import main as chaos
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
-
-
-def _chaos():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "scripts" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_kills_in_commit_and_reading_and_zombies_leave_no_violation(services, tmp_path):
@@ -30,7 +20,7 @@ def test_kills_in_commit_and_reading_and_zombies_leave_no_violation(services, tm
     report = tmp_path / "chaos.json"
     # The strikes go through spark-submit; the recovery after them on the tests' Spark Connect server.
     recover_on = "spark-connect" if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" in os.environ else "spark-submit"
-    code = _chaos().main(["--iterations", "1", "--records", "3000", "--scenarios",
+    code = chaos(["--iterations", "1", "--records", "3000", "--scenarios",
                           "kill-commit,kill-producing,kill-published,zombie,kill-reading:avro",
                           "--recover-on", recover_on, "--json", str(report)])
     results = json.loads(report.read_text())

@@ -481,6 +481,30 @@ def freeze_kafka_node(base: Path, node_id: int, frozen: bool = True) -> None:
     os.killpg(state[f"{key}_pid"], signal.SIGSTOP if frozen else signal.SIGCONT)
 
 
+def kafka_node_pids(state: dict) -> dict[int, int]:
+    """The running nodes' process ids (each its own process group's leader), by node id."""
+    return {node.id: state[f"{_node_key(node.id)}_pid"] for node in kafka_nodes(state)
+            if _service_running(state, _node_key(node.id))}
+
+
+def active_controller(base: Path, timeout: float = 60.0) -> int:
+    """The node leading the controllers' quorum (KRaft tells clients nothing of it), as a running node's
+    quorum-state file says; waits while the quorum elects one, -1 if none within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = kafka_node_pids(read_state(base))
+        for node in running:
+            quorum = _node_dir(base, node) / "data" / "__cluster_metadata-0" / "quorum-state"
+            try:
+                leader = json.loads(quorum.read_text()).get("leaderId", -1)
+            except (OSError, ValueError):  # being rewritten
+                continue
+            if leader in running:
+                return leader
+        time.sleep(0.5)
+    return -1
+
+
 def revive_kafka(base: Path, only: set[int] | None = None) -> None:
     """Start again whatever node of the local cluster is down (or of `only`), on its ports and data."""
     state = read_state(base)

@@ -61,7 +61,9 @@ _SELECT_BATCH = (
 )
 
 
-_RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until, until_epoch, truncated_from"
+# A range as OffsetRange takes it: what every range has (the ledger's views too), then what a plan adds.
+RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until"
+_RANGE_COLUMNS = f"{RANGE_COLUMNS}, until_epoch, truncated_from"
 
 
 

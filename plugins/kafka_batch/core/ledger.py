@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from kafka_batch.core.batches import _RANGE_COLUMNS
+from kafka_batch.core.batches import RANGE_COLUMNS
 from kafka_batch.kafka.ranges import OffsetRange
 
 
 def live_ranges(cur, pipeline_name: str, topic: str, partition: int) -> list[OffsetRange]:
     """The committed ranges of a partition whose effect is in the outputs now, in offset order."""
     cur.execute(
-        f"SELECT {_RANGE_COLUMNS} FROM kafka_batch.live_ranges"
+        f"SELECT {RANGE_COLUMNS} FROM kafka_batch.live_ranges"
         " WHERE pipeline = %s AND topic = %s AND partition = %s ORDER BY from_offset",
         (pipeline_name, topic, partition),
     )
