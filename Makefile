@@ -88,9 +88,10 @@ bench: install $(VENV)/.bench
 # Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 10000" for a full run.
 # Strikes go through spark-submit; the fault-free recovery after each runs on the Spark Connect server.
 # Then the soak: producers, batches of a JSON and an Avro pipeline and a fault every 15 s, for 5 minutes.
+# On three nodes (`make chaos KAFKA_NODES=3`, or a local home made so) also the node kills.
 SOAK_SECONDS ?= 300
 chaos: install
-	$(BIN)/kafka-batch local up
+	$(LOCAL_UP)
 	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect --soak $(SOAK_SECONDS) $(CHAOS_ARGS)
 
 # The pipeline definition's JSON Schema (editors) and reference, written from the typed model, and the

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from kafka_batch.errors import ServiceError
-from kafka_batch.kafka.publish import Decision, Published, _service_error, decide, transactional_id
+from kafka_batch.kafka.publish import Decision, Published, Publisher, _service_error, decide, transactional_id
 from kafka_batch.kafka.ranges import OffsetRange
 from kafka_batch.sinks.kafka import _messages, in_input_order
 
@@ -126,3 +126,10 @@ def test_a_pipelines_tasks_have_time_bounds_from_its_limits_or_its_own():
     assert small.task_timeouts() == {"plan": 160, "execute": 610, "report": 160}
     own = parse_pipeline({**base, "timeouts": {"execute_seconds": 90}})
     assert own.task_timeouts()["execute"] == 90
+
+
+@pytest.mark.parametrize("extra", [{"acks": "1"}, {"acks": "0"}, {"enable.idempotence": False}])
+def test_a_connections_extra_cannot_weaken_the_sinks_producer(extra):
+    # librdkafka refuses acks other than all beside idempotence: without the sink's own acks=all, a
+    # connection with acks=1 failed every publish (as a retried error) instead of publishing acks=all.
+    Publisher({"bootstrap.servers": "127.0.0.1:9", **extra}, "p", "t", timeout=1)  # created: it never connects

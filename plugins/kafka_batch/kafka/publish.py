@@ -112,7 +112,10 @@ class Publisher:
         self._config = admin_config(config)
         self._timeout = timeout
         self._producer = Producer({
-            **self._config, "transactional.id": self.transactional_id, "enable.idempotence": True,
+            # acks=all and idempotence whatever the connection's extra says: a message counts as written once
+            # every in-sync replica has it (a leader that dies before its followers copied it loses nothing
+            # acknowledged), and a retried send never writes it twice.
+            **self._config, "transactional.id": self.transactional_id, "enable.idempotence": True, "acks": "all",
             "transaction.timeout.ms": transaction_timeout_ms, "linger.ms": 5, "logger": LIBRDKAFKA_LOG,
             "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
