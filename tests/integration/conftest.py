@@ -133,10 +133,8 @@ class KafkaCluster:
         """Every frozen node goes on (SIGCONT to a running one changes nothing)."""
         from kafka_batch_dev import local_stack
 
-        state = local_stack.read_state(self.home)
-        for node in local_stack.kafka_nodes(state):
-            if local_stack._service_running(state, local_stack._node_key(node.id)):
-                local_stack.freeze_kafka_node(self.home, node.id, frozen=False)
+        for node in local_stack.kafka_node_pids(local_stack.read_state(self.home)):
+            local_stack.freeze_kafka_node(self.home, node, frozen=False)
 
     def revive(self, only: set[int] | None = None) -> None:
         """Every node that is down (or of `only`) starts again on its data; every frozen one goes on."""
@@ -188,13 +186,10 @@ class SecuredKafka:
     def connection(self, user: str | None = None, password: str | None = None) -> str:
         """A Kafka connection as an operator stores it (the provider's form: login, password, extra), of the
         admin, or of `user`."""
-        import json
-
         from kafka_batch_dev import kafka_security
 
-        config = kafka_security.client_config(self.secured, self.admin["bootstrap.servers"], user or "admin", password)
-        login, secret = config.pop("sasl.username"), config.pop("sasl.password")
-        return json.dumps({"conn_type": "kafka", "login": login, "password": secret, "extra": config})
+        return kafka_security.connection(
+            kafka_security.client_config(self.secured, self.admin["bootstrap.servers"], user or "admin", password))
 
 
 @pytest.fixture(scope="module")

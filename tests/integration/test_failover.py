@@ -24,6 +24,7 @@ from kafka_batch import connections
 from kafka_batch.kafka.bounded import GRACE_SECONDS
 from kafka_batch.kafka.publish import transactional_id
 from kafka_batch_dev import sample_data
+from kafka_batch_dev.chaos.harness import open_transaction
 from tests.integration.helpers import (
     _committed_messages,
     admin_client,
@@ -337,7 +338,7 @@ def test_the_transaction_coordinators_node_killed_while_the_transaction_is_open(
     admin = admin_client(on_cluster.config)
     proc = _start_run(pipeline.name)
     deadline = time.monotonic() + 180
-    while not _transaction_open(admin, output):
+    while not open_transaction(admin, output, [0, 1]):
         assert proc.poll() is None and time.monotonic() < deadline, "the run never opened its transaction"
         time.sleep(0.02)
     on_cluster.kill(node)
@@ -392,15 +393,3 @@ def test_the_active_controller_killed_as_a_batch_is_planned(on_cluster):
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 1000, seed=114)
     _records_published(pipeline, output, on_cluster)
 
-
-def _transaction_open(admin, topic: str) -> bool:
-    """Some partition of `topic` has a last stable offset below its end: a transaction is open on it."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    def ends(level):
-        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in (0, 1)},
-                                     isolation_level=level, request_timeout=10)
-        return [f.result(timeout=20).offset for f in futures.values()]
-
-    return ends(IsolationLevel.READ_COMMITTED) != ends(IsolationLevel.READ_UNCOMMITTED)

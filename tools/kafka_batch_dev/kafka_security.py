@@ -134,6 +134,14 @@ def client_config(secured: Secured, bootstrap: str, user: str = ADMIN, password:
             "ssl.ca.location": str(secured.ca_pem)}
 
 
+def connection(config: dict[str, str]) -> str:
+    """A client's settings as an Airflow Kafka connection stores them (the provider's form): the SASL user
+    and password as login and password, the rest in the extra."""
+    extra = dict(config)
+    login = {"login": extra.pop("sasl.username"), "password": extra.pop("sasl.password")} if "sasl.username" in extra else {}
+    return json.dumps({"conn_type": "kafka", **login, "extra": extra})
+
+
 def add_user(admin_config: dict[str, str], user: str, password: str, timeout: float = 30.0) -> None:
     """Create (or give a new password to) a SCRAM user, as the operator's `kafka-configs.sh --alter
     --add-config 'SCRAM-SHA-512=[...]'` does."""

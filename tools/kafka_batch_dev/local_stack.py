@@ -342,6 +342,11 @@ def _node_key(node_id: int) -> str:
     return "kafka" if node_id == 1 else f"kafka_{node_id}"
 
 
+def _node_keys(state: dict) -> list[str]:
+    """The state keys of every node of the local cluster, running or not."""
+    return [_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1)]
+
+
 def _node_dir(base: Path, node_id: int) -> Path:
     return base / ("kafka" if node_id == 1 else f"kafka-{node_id}")
 
@@ -356,29 +361,32 @@ def bootstrap_servers(state: dict) -> str:
     return ",".join(f"127.0.0.1:{node.port}" for node in kafka_nodes(state))
 
 
+def _kept_with_the_data(base: Path, asked, made, what: str):
+    """What the local Kafka is started with: as `asked`, else as its data was `made` (when formatted), which
+    is then kept; another is refused in one line."""
+    made = made if kafka_broker.formatted(_node_dir(base, 1) / "server.properties") else None
+    if made and asked and asked != made:
+        raise RuntimeError(f"the local Kafka was made with {what.format(made)} and its data is kept; `make down`, then"
+                           f" remove its data (`make clean` removes every local service's) to start it with"
+                           f" {what.format(asked)}")
+    return asked or made
+
+
 def _requested_nodes(base: Path, nodes: int | None, state: dict) -> int:
     """The cluster's size: as asked (flag, then KAFKA_BATCH_KAFKA_NODES), else as made before, else one."""
     asked = nodes or int(os.environ.get(KAFKA_NODES_VARIABLE) or 0) or None
-    made = state.get("kafka_nodes", 1) if kafka_broker.formatted(_node_dir(base, 1) / "server.properties") else None
     if asked is not None and asked not in kafka_broker.SIZES:
         raise RuntimeError(f"a local Kafka cluster has {' or '.join(map(str, kafka_broker.SIZES))} nodes, not {asked}")
-    if made and asked and asked != made:
-        raise RuntimeError(f"the local Kafka was made with {made} node(s) and its data is kept; `make down`, then"
-                           f" remove its data (`make clean` removes every local service's) to start {asked}")
-    return asked or made or 1
+    return _kept_with_the_data(base, asked, state.get("kafka_nodes", 1), "{} node(s)") or 1
 
 
 def _requested_security(base: Path, security: str | None, state: dict) -> str:
     """The listener's security: as asked (flag, then KAFKA_BATCH_KAFKA_SECURITY), else as made before, else
     none. The SCRAM users are written when the storage is formatted, so the data keeps what it was made with."""
     asked = security or os.environ.get(KAFKA_SECURITY_VARIABLE) or None
-    made = state.get("kafka_security", "none") if kafka_broker.formatted(_node_dir(base, 1) / "server.properties") else None
     if asked is not None and asked not in kafka_security.MODES:
         raise RuntimeError(f"a local Kafka's security is {' or '.join(kafka_security.MODES)}, not {asked!r}")
-    if made and asked and asked != made:
-        raise RuntimeError(f"the local Kafka was made with security {made} and its data is kept; `make down`, then"
-                           f" remove its data (`make clean` removes every local service's) to start it with {asked}")
-    return asked or made or "none"
+    return _kept_with_the_data(base, asked, state.get("kafka_security", "none"), "security {}") or "none"
 
 
 def kafka_secured(base: Path, state: dict) -> kafka_security.Secured | None:
@@ -557,8 +565,7 @@ def _service_running(state: dict, key: str) -> bool:
 def stop_kafka(state: dict) -> set[int]:
     """Stop every node of the local cluster at once (one by one, the last would wait for a quorum of
     controllers to shut down under); return survivors."""
-    nodes = [_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1)]
-    return _stop_service(state, nodes, KAFKA, KAFKA_STOP_GRACE)
+    return _stop_service(state, _node_keys(state), KAFKA, KAFKA_STOP_GRACE)
 
 
 def _stop_service(state: dict, keys: str | list[str], what: str, grace: float = STOP_GRACE) -> set[int]:
@@ -689,10 +696,8 @@ def stop_postgres(base: Path) -> set[int]:
 def connections_env(base: Path, state: dict) -> dict[str, str]:
     """The AIRFLOW_CONN_* values of the local services (trust auth on loopback; a secured Kafka's
     `kafka_default` logs in as its administrator, whom the samples and tools need)."""
-    kafka = kafka_admin_config(base, state)
-    login = {"login": kafka.pop("sasl.username"), "password": kafka.pop("sasl.password")} if "sasl.username" in kafka else {}
     return {
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", **login, "extra": kafka}),
+        "AIRFLOW_CONN_KAFKA_DEFAULT": kafka_security.connection(kafka_admin_config(base, state)),
         "AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps(
             {"conn_type": "postgres", "host": "127.0.0.1", "port": state["postgres_port"], "login": PIPELINE_ROLE,
              "schema": DATABASE}
@@ -913,8 +918,7 @@ def down(base: Path | None = None) -> None:
             KAFKA: stop_kafka(state), "Postgres": stop_postgres(base)}
     if not left["Airflow"]:
         state.pop("airflow", None)
-    nodes = tuple(_node_key(i) for i in range(1, state.get("kafka_nodes", 1) + 1))
-    for service, keys in ((KAFKA, nodes), (SPARK_CONNECT, ("spark_connect",)),
+    for service, keys in ((KAFKA, _node_keys(state)), (SPARK_CONNECT, ("spark_connect",)),
                           (SCHEMA_REGISTRY, ("schema_registry",))):
         if not left[service]:
             for key in keys:

@@ -71,6 +71,7 @@ _READER_DEFAULTS = {
 # A topic asked for by name that is not there: unknown, or a name Kafka cannot have.
 _NO_SUCH_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_EXCEPTION)
 _ADMIN_KEYS_IGNORED = {"group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset"}
+_ACL_HINT = "`kafka-batch acls --pipeline <name>` prints those a pipeline needs"
 _AUTHORIZATION_FAILED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
                          KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 
@@ -80,8 +81,7 @@ def refused(error: KafkaError, what: str) -> InputError | None:
     grant helps; kafka.acls says which); None for any other error."""
     if error.code() not in _AUTHORIZATION_FAILED:
         return None
-    return InputError(f"Kafka refused {what}: {error.str()} (the connection's user lacks an ACL;"
-                      " `kafka-batch acls --pipeline <name>` prints those a pipeline needs)")
+    return InputError(f"Kafka refused {what}: {error.str()} (the connection's user lacks an ACL; {_ACL_HINT})")
 
 
 @dataclass(frozen=True)
@@ -209,8 +209,7 @@ class KafkaOffsets:
         if lacking:
             said = "; ".join(f"{' and '.join(op.title().replace('_', '') for op in ops)} on topic {t!r}"
                              for t, ops in sorted(lacking.items()))
-            raise InputError(f"Kafka's ACLs refuse the connection's user {said}, needed {needed_for}"
-                             " (`kafka-batch acls --pipeline <name>` prints those a pipeline needs)")
+            raise InputError(f"Kafka's ACLs refuse the connection's user {said}, needed {needed_for} ({_ACL_HINT})")
 
     def _metadata(self, topic: str | None = None):
         try:

@@ -179,7 +179,7 @@ def end_offsets(admin: AdminClient, topic: str, partitions, committed: bool = Tr
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
                                  isolation_level=level, request_timeout=30)
-    return {tp.partition: f.result().offset for tp, f in futures.items()}
+    return {tp.partition: f.result(timeout=45).offset for tp, f in futures.items()}  # its request's 30 s and a grace
 
 
 def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> bool:
