@@ -147,6 +147,8 @@ LONGEST_FIRST = (
     "tests/integration/test_upsert.py",  # 130 s
     "tests/integration/test_standalone.py",  # 90 s
     "tests/integration/test_avro.py",  # 75 s
+    "tests/integration/test_expressions.py",  # 150 s: Spark's analyzer, a local session too
+    "tests/integration/test_getting_started.py",  # 70-120 s
     "tests/integration/test_compaction.py",  # 60 s
     "tests/integration/test_protobuf.py",  # 35 s
     "tests/integration/test_kafka_security.py",  # a secured node of its own

@@ -144,19 +144,29 @@ class KafkaCluster:
         local_stack.revive_kafka(self.home, only)
 
 
+@pytest.fixture
+def on_cluster(kafka_cluster, monkeypatch):
+    """The test's pipelines, topics and ground truth on the module's three-node cluster."""
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", kafka_cluster.connection())
+    yield kafka_cluster
+    kafka_cluster.revive()
+
+
 @pytest.fixture(scope="module")
-def kafka_cluster(services, tmp_path_factory):
-    """A three-node cluster for one test module (the session's broker serves the other tests meanwhile)."""
+def kafka_cluster(services, tmp_path_factory, request):
+    """A three-node cluster for one test module (the session's broker serves the other tests meanwhile).
+    A module's BROKER_SESSION_TIMEOUT_MS, where it sets one, is how long a node that stopped answering
+    stays registered (Kafka's default: 9 s)."""
     import json
 
     from kafka_batch_dev import local_stack
 
     home = tmp_path_factory.mktemp("kafka_cluster")
     state: dict = {}
+    session = getattr(request.module, "BROKER_SESSION_TIMEOUT_MS", None)
     try:
-        # A node that hangs stays registered for 30 s (Kafka's default broker.session.timeout.ms: 9), as a host
-        # whose heartbeats stall: the clients' coordinator lookups still name it (test_failover's hang).
-        local_stack.start_kafka(home, state, nodes=3, settings={"broker.session.timeout.ms": 30_000})
+        local_stack.start_kafka(home, state, nodes=3,
+                                settings={"broker.session.timeout.ms": session} if session else None)
         (home / "state.json").write_text(json.dumps(state))
         cluster = KafkaCluster(home)
         yield cluster

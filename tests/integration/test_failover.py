@@ -1,5 +1,5 @@
 """Failover on a three-node cluster (replication factor 3, min.insync.replicas 2): nodes SIGKILLed or
-frozen (SIGSTOP: a host that hangs) under a batch with a Kafka sink. Ground truth is the input topic read
+killed under a batch with a Kafka sink (a host that hangs: test_failover_hang.py). Ground truth is the input topic read
 by an independent read_committed consumer: the output topic holds every valid record exactly once, the
 aggregate table the same totals, the positions are at the input's end. And nothing waits forever: an
 attempt whose Kafka call outlasts its bound ends within it, and the next one completes while the node is
@@ -8,27 +8,26 @@ still gone."""
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import time
-from collections import Counter
-from contextlib import contextmanager
-from pathlib import Path
 
-import psycopg2
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, NewTopic
 
 from kafka_batch import connections
-from kafka_batch.kafka.bounded import GRACE_SECONDS
 from kafka_batch.kafka.publish import transactional_id
 from kafka_batch_dev import sample_data
 from kafka_batch_dev.chaos.harness import open_transaction
+from tests.integration.failover import (
+    BOUND,
+    exactly_once,
+    publish_under_fault,
+    records_published,
+    sink_pipeline,
+    start_run,
+)
 from tests.integration.helpers import (
     _committed_messages,
     admin_client,
-    create_topic,
     ground_truth,
     merged,
     new_pipeline,
@@ -41,147 +40,22 @@ from tests.integration.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-# The sink's call_timeout_seconds: a call ends the attempt within it and the grace, whether librdkafka keeps
-# to it (it does when a frozen node holds the transaction coordinator's write back) or not (the commit's
-# offsets sent to a frozen group coordinator: confluentinc/librdkafka#5456, a hang the watchdog ends).
-CALL_TIMEOUT = 30
-BOUND = CALL_TIMEOUT + GRACE_SECONDS
-
-
-@pytest.fixture
-def on_cluster(kafka_cluster, monkeypatch):
-    """The test's pipelines, topics and ground truth on the three-node cluster."""
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", kafka_cluster.connection())
-    yield kafka_cluster
-    kafka_cluster.revive()
-
-
-def _sink_pipeline(prefix: str, cluster, coordinators_apart: bool = False):
-    """A pipeline totalling page views and publishing each to an output topic. `coordinators_apart`: the
-    output's name is chosen so that different nodes coordinate its publish group and its transactions."""
-    pipeline = new_pipeline(prefix)
-    names = (f"{pipeline.name}_out{i}" for i in range(100))
-    output = next(names)
-    if coordinators_apart:  # where the cluster's leaders allow it
-        cluster.warm()
-        apart = [name for name in names if cluster.group_leader(transactional_id(pipeline.name, name))
-                 != cluster.transaction_coordinator(transactional_id(pipeline.name, name))]
-        output = apart[0] if apart else output
-    create_topic(output, 2)
-    pipeline = update_pipeline(pipeline.name, sinks={**pipeline.definition["sinks"], "kafka": {
-        "topic": output, "key": "user_id", "value": {"page": "page"}, "call_timeout_seconds": CALL_TIMEOUT}})
-    return pipeline, output
-
-
-def _start_run(name: str) -> subprocess.Popen:
-    cli = str(Path(sys.executable).parent / "kafka-batch")
-    return subprocess.Popen([cli, "run", "--pipeline", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=os.environ.copy())
-
-
-@contextmanager
-def _commit_held(name: str):
-    """The pipeline's next commit waits at its compare-and-set of positions while the block runs (this
-    session holds their rows); the block gets a function that waits until it does."""
-    params = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
-    holder, probe = psycopg2.connect(**params), psycopg2.connect(**params)
-    probe.autocommit = True
-    with holder.cursor() as cur:
-        cur.execute("SELECT 1 FROM kafka_batch.offsets WHERE pipeline = %s FOR UPDATE", (name,))
-
-    def waiting(proc: subprocess.Popen, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        with probe.cursor() as cur:
-            while proc.poll() is None and time.monotonic() < deadline:
-                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                            " AND query LIKE %s", ("%kafka_batch.offsets%",))
-                if cur.fetchone()[0]:
-                    return
-                time.sleep(0.05)
-        raise AssertionError(f"the run never reached its commit: {proc.poll()}")
-
-    try:
-        yield waiting
-    finally:
-        holder.rollback()
-        holder.close()
-        probe.close()
-
-
-def _exactly_once(pipeline, output: str, cluster) -> None:
-    """Against the input topic read independently: every record read, published once, totalled once."""
-    topic = pipeline.topics[0]
-    expected = Counter()
-    ends = {}
-    for message in _committed_messages(topic, [0, 1, 2], cluster.config):
-        expected[f"{topic}:{message.partition()}:{message.offset()}"] += 1
-        ends[(topic, message.partition())] = message.offset() + 1
-    assert all(positions(pipeline.name).get(tp, 0) >= end for tp, end in ends.items()), positions(pipeline.name)
-    published = Counter(dict(m.headers())["kafka_batch.source"].decode()
-                        for m in _committed_messages(output, [0, 1], cluster.config))
-    assert published == expected
-    table = pipeline.sink_settings.aggregate.table
-    truth = ground_truth(topic, config=cluster.config)
-    assert query(f"SELECT sum(views), sum(total_duration_ms) FROM public.{table}") == [
-        (sum(v for v, _ in truth.values()), sum(d for _, d in truth.values()))]
-
-
-def _publish_under_fault(cluster, fault) -> tuple[object, str, subprocess.CompletedProcess, float, int]:
-    """A pipeline's second batch, its commit held until `fault(node)` struck the node that coordinates its
-    Kafka sink's publish group (not its transactions); the run's result, how long it took from the
-    release, and the node."""
-    pipeline, output = _sink_pipeline("failover", cluster, coordinators_apart=True)
-    sample_data.produce_page_views(cluster.config, pipeline.topics[0], 300, seed=91)
-    run_cli("run", "--pipeline", pipeline.name)  # the publish group exists now: its coordinator can be asked
-    node = cluster.group_coordinator(transactional_id(pipeline.name, output))
-    sample_data.produce_page_views(cluster.config, pipeline.topics[0], 300, seed=92)
-    with _commit_held(pipeline.name) as commit_waits:
-        proc = _start_run(pipeline.name)
-        commit_waits(proc)
-        fault(node)
-    released = time.monotonic()
-    try:
-        out, err = proc.communicate(timeout=BOUND + 120)
-    finally:
-        proc.kill()
-    return pipeline, output, subprocess.CompletedProcess(proc.args, proc.returncode, out, err), \
-        time.monotonic() - released, node
-
-
-def test_a_publish_whose_coordinator_hangs_ends_within_its_bound_and_the_next_attempt_completes_meanwhile(on_cluster):
-    # A frozen node keeps its connections open and answers nothing. The attempt's commit ends within the
-    # bound: committed, or a retried error (librdkafka's own timeout, or the watchdog's where librdkafka
-    # waits past it: seen here without the watchdog, a run hung in send_offsets_to_transaction for minutes).
-    # The next run, on the two other nodes, fences it and completes the batch exactly.
-    pipeline, output, run, seconds, node = _publish_under_fault(on_cluster, on_cluster.freeze)
-    assert seconds < BOUND + 45, seconds  # the bound, then the rollback, the report (lag unknown) and the exit
-    status = query("SELECT status FROM kafka_batch.batches WHERE pipeline = %s ORDER BY id", pipeline.name)[-1][0]
-    if run.returncode == 0:  # its report's lag known, or "unknown" where the cluster did not answer it
-        assert status == "committed", run.stdout[-2000:]
-    else:
-        assert run.returncode == 4 and status == "failed", run.stderr[-2000:]
-        assert f"did not return within {BOUND:g} s" in run.stderr or "Timed out" in run.stderr, run.stderr[-2000:]
-    sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 300, seed=93)
-    run_cli("run", "--pipeline", pipeline.name)  # node still frozen
-    assert node not in on_cluster.in_sync(output, 0)
-    _exactly_once(pipeline, output, on_cluster)
-
 
 def test_a_publish_whose_coordinators_node_dies_completes_and_the_next_batch_runs_while_it_is_down(on_cluster):
     # A host that dies: the cluster moves the coordinator to another node; the run ends within the bound,
     # whatever happens to the attempt, and the batches after it commit exactly with the node still down.
-    pipeline, output, run, seconds, node = _publish_under_fault(on_cluster, on_cluster.kill)
+    pipeline, output, run, seconds, node = publish_under_fault(on_cluster, on_cluster.kill)
     assert seconds < BOUND + 30, (seconds, run.stderr[-2000:])
     assert run.returncode in (0, 4), run.stderr[-2000:]
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 300, seed=93)
     for _ in range(2):  # completes a failed attempt's batch, then the new records
         run_cli("run", "--pipeline", pipeline.name)
     assert node not in on_cluster.in_sync(output, 0)  # it was down all along
-    _exactly_once(pipeline, output, on_cluster)
+    exactly_once(pipeline, output, on_cluster)
 
 
 def test_one_node_down_for_a_whole_batch_and_the_leader_of_a_partition_killed_while_it_is_read(on_cluster):
-    pipeline, output = _sink_pipeline("onedown", on_cluster)
+    pipeline, output = sink_pipeline("onedown", on_cluster)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(on_cluster.config, topic, 1000, seed=94)
     down = on_cluster.leader(topic, 0)
@@ -193,7 +67,7 @@ def test_one_node_down_for_a_whole_batch_and_the_leader_of_a_partition_killed_wh
     assert down not in on_cluster.in_sync(output, 0)
     on_cluster.revive()
     sample_data.produce_page_views(on_cluster.config, topic, 150_000, seed=95)
-    proc = _start_run(pipeline.name)
+    proc = start_run(pipeline.name)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:  # the batch's attempt has begun: Spark reads
         if query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s AND status = 'planned'"
@@ -205,7 +79,7 @@ def test_one_node_down_for_a_whole_batch_and_the_leader_of_a_partition_killed_wh
     if proc.returncode != 0:  # the read failed over or failed: either way the next run completes the batch
         assert proc.returncode == 4, err[-2000:]
     run_cli("run", "--pipeline", pipeline.name)
-    _exactly_once(pipeline, output, on_cluster)
+    exactly_once(pipeline, output, on_cluster)
 
 
 def test_a_publish_refused_for_lack_of_in_sync_replicas_changes_nothing_and_completes_once_a_node_is_back(on_cluster):
@@ -214,7 +88,7 @@ def test_a_publish_refused_for_lack_of_in_sync_replicas_changes_nothing_and_comp
     # in this combined cluster: here the topic asks for three in sync, and one node is down.)
     from confluent_kafka.admin import AdminClient, ConfigResource
 
-    pipeline, output = _sink_pipeline("isr", on_cluster)
+    pipeline, output = sink_pipeline("isr", on_cluster)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(on_cluster.config, topic, 200, seed=96)
     run_cli("run", "--pipeline", pipeline.name)
@@ -244,7 +118,7 @@ def test_a_publish_refused_for_lack_of_in_sync_replicas_changes_nothing_and_comp
         assert time.monotonic() < deadline, "the node did not rejoin the in-sync replicas"
         time.sleep(1)
     run_cli("run", "--pipeline", pipeline.name)
-    _exactly_once(pipeline, output, on_cluster)
+    exactly_once(pipeline, output, on_cluster)
 
 
 def _elect_uncleanly(cluster, topic: str, follower: int, leader: int) -> None:
@@ -315,28 +189,17 @@ def test_a_log_truncated_below_the_position_by_an_unclean_election_is_data_loss_
     on_cluster.revive()  # the old leader comes back and truncates its log to the new leader's
 
 
-def _records_published(pipeline, output: str, cluster) -> None:
-    """A batch up to the input's end (retried once, as Airflow would, where it met the cluster still failing
-    over: a dead node's partitions wait for a leader until its session expires, 30 s here), then exactly
-    once against the input read independently."""
-    first = run_cli("run", "--pipeline", pipeline.name, check=False)
-    if first.returncode != 0:
-        assert first.returncode == 4 and "no leader" in first.stderr, first.stderr[-2000:]
-        run_cli("run", "--pipeline", pipeline.name)
-    _exactly_once(pipeline, output, cluster)
-
-
 def test_the_transaction_coordinators_node_killed_while_the_transaction_is_open(on_cluster):
     # Shape rows opens the batch's Kafka transaction before its read and produces while Spark reads: the
     # node that coordinates the transactional id dies with the transaction open. The coordinator moves
     # (the transaction state is replicated); the attempt commits, or ends within its bound as retried and
     # the next one (a new producer fencing the old) publishes the batch, once.
-    pipeline, output = _sink_pipeline("txnopen", on_cluster, coordinators_apart=True)
+    pipeline, output = sink_pipeline("txnopen", on_cluster, coordinators_apart=True)
     tid = transactional_id(pipeline.name, output)
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 60_000, seed=111)
     node = on_cluster.transaction_coordinator(tid)
     admin = admin_client(on_cluster.config)
-    proc = _start_run(pipeline.name)
+    proc = start_run(pipeline.name)
     deadline = time.monotonic() + 180
     while not open_transaction(admin, output, [0, 1]):
         assert proc.poll() is None and time.monotonic() < deadline, "the run never opened its transaction"
@@ -347,7 +210,7 @@ def test_the_transaction_coordinators_node_killed_while_the_transaction_is_open(
     assert proc.returncode in (0, 4), err[-2000:]
     assert time.monotonic() - started < BOUND + 120, err[-2000:]
     assert node != on_cluster.transaction_coordinator(tid)  # moved to another node
-    _records_published(pipeline, output, on_cluster)  # the node still down
+    records_published(pipeline, output, on_cluster)  # the node still down
 
 
 def test_the_transaction_coordinators_node_killed_between_the_kafka_and_the_postgres_commit(on_cluster):
@@ -357,14 +220,14 @@ def test_the_transaction_coordinators_node_killed_between_the_kafka_and_the_post
     # another node) and commits it in Postgres without publishing it again, while the node is down.
     from kafka_batch_dev.gates import commit_gate
 
-    pipeline, output = _sink_pipeline("txnbetween", on_cluster, coordinators_apart=True)
+    pipeline, output = sink_pipeline("txnbetween", on_cluster, coordinators_apart=True)
     tid = transactional_id(pipeline.name, output)
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 3000, seed=112)
     node = on_cluster.transaction_coordinator(tid)
     params = connections.postgres_params(connections.from_environment("kafka_batch_postgres"))
     gate = commit_gate(params, pipeline.name)
     try:
-        proc = _start_run(pipeline.name)
+        proc = start_run(pipeline.name)
         assert gate.wait_for_a_session(180, alive=lambda: proc.poll() is None), proc.communicate()[1][-2000:]
         published = sum(1 for _ in _committed_messages(output, [0, 1], on_cluster.config))
         assert published == 3000  # the Kafka transaction committed
@@ -376,14 +239,14 @@ def test_the_transaction_coordinators_node_killed_between_the_kafka_and_the_post
     assert proc.returncode != 0
     assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s AND status = 'committed'",
                  pipeline.name) == [(0,)]
-    _records_published(pipeline, output, on_cluster)  # committed once in Postgres, published once
+    records_published(pipeline, output, on_cluster)  # committed once in Postgres, published once
 
 
 def test_the_active_controller_killed_as_a_batch_is_planned(on_cluster):
     # The node leading the controllers' quorum dies as planning asks for the partitions' offsets: the
     # quorum elects another controller, which moves the dead node's leaderships; planning waits for
     # the new leaders (or ends retried within read.kafka_timeout_seconds), and the batches commit exactly.
-    pipeline, output = _sink_pipeline("controller", on_cluster)
+    pipeline, output = sink_pipeline("controller", on_cluster)
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 3000, seed=113)
     controller = on_cluster.active_controller()
     on_cluster.kill(controller)
@@ -391,5 +254,5 @@ def test_the_active_controller_killed_as_a_batch_is_planned(on_cluster):
     assert first.returncode in (0, 4), first.stderr[-2000:]
     assert on_cluster.active_controller() not in (controller, -1)
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 1000, seed=114)
-    _records_published(pipeline, output, on_cluster)
+    records_published(pipeline, output, on_cluster)
 
