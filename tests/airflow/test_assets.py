@@ -45,6 +45,18 @@ def _events(asset: str) -> list[dict]:
     return [extra if isinstance(extra, dict) else json.loads(extra) for (extra,) in rows]
 
 
+def _ends(topic: str) -> dict[int, int]:
+    """Each partition's end, asked with a plain consumer, not the project's code."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka_config(), "group.id": "assets-test", "isolation.level": "read_committed"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
 def _queued(dag_id: str) -> int:
     return _metadata("SELECT count(*) FROM asset_dag_run_queue WHERE target_dag_id = :d", d=dag_id)[0][0]
 
@@ -69,8 +81,11 @@ def test_only_a_commit_emits_an_event_per_sink_table_and_queues_the_downstream_d
     run_dag(pipeline.dag_id, "2026-02-02T00:00:00+00:00")
     [(batch_id, _, status, _, records, _)] = batches_of(pipeline.name)
     assert status == "committed" and records == 200
-    expected = {"pipeline": pipeline.name, "batch_id": batch_id, "kind": "batch", "records_read": 200,
-                "records_invalid": 0}
+    ranges = [{"topic": topic, "partition": p, "from_offset": 0, "until_offset": end}
+              for p, end in sorted(_ends(topic).items()) if end]
+    assert sum(r["until_offset"] for r in ranges) == 200
+    expected = {"pipeline": pipeline.name, "batch_id": batch_id, "kind": "batch", "ranges": ranges,
+                "records_read": 200, "records_invalid": 0}
     assert _events(aggregate) == [expected] and _events(rows) == [expected]  # one event per sink table
     assert _queued(downstream) == 1  # the downstream DAG is due
 

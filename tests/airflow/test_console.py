@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -30,7 +31,9 @@ from tests.integration.helpers import (
     kafka_config,
     new_pipeline,
     positions,
+    query,
     run_cli,
+    run_dag,
     table_contents,
 )
 
@@ -50,7 +53,7 @@ def pipelines(services):
     sample_data.produce_page_views(kafka_config(), topic, 300, seed=91)
     run_cli("run", "--pipeline", good.name)
     sample_data.produce_page_views(kafka_config(), topic, 200, seed=92)
-    run_cli("run", "--pipeline", good.name)
+    run_dag(good.dag_id, "2026-03-01T00:00:00+00:00")  # a batch of a DAG run: the console links to the run
     sample_data.produce_page_views(kafka_config(), topic, 150, seed=93)  # left unread: the lag
     dead = new_pipeline("consoledead", partitions=1, connections={"kafka": DEAD_KAFKA})
     yield good, dead
@@ -194,6 +197,17 @@ def test_a_dag_triggered_through_the_api_runs_on_the_scheduler_listening_on_loop
         time.sleep(0.5)
     assert state == "success", server.get(f"{run}/taskInstances", token=token)[1][:3000]
     assert table_contents(pipeline) == ground_truth(topic)
+    # Through the scheduler too, the sink table's event carries the batch: its id, kind, exact ranges, counts.
+    [(batch_id, records)] = query("SELECT id, records_read FROM kafka_batch.batches WHERE pipeline = %s",
+                                  pipeline.name)
+    status, body = server.get(f"api/v2/assets/events?source_dag_id={pipeline.dag_id}", token=token)
+    assert status == 200, body
+    [event] = json.loads(body)["asset_events"]
+    stored = positions(pipeline.name)
+    assert event["extra"] == {"pipeline": pipeline.name, "batch_id": batch_id, "kind": "batch", "records_read": records,
+                              "records_invalid": 0, "ranges": [
+                                  {"topic": t, "partition": p, "from_offset": 0, "until_offset": end}
+                                  for (t, p), end in sorted(stored.items()) if end]}, event
     # The run's Spark driver was seen listening (the check looked while it ran), and on loopback only.
     assert any(name == "java" for name, _, _ in sockets), sockets
     assert {s for s in sockets if not _loopback(s[1])} == set(), sockets
@@ -253,8 +267,11 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
             page.click("button[type=submit]")
             page.wait_for_url(lambda url: "/auth/login" not in url)
 
-            # The navigation entry opens the console in the UI; the overview lists the pipeline.
-            page.goto(server.url + "plugin/kafka-batch")
+            # Airflow's menu opens the console (Browse > Kafka batches); the overview lists the pipeline.
+            page.goto(server.url)
+            page.get_by_role("button", name="Browse").click()
+            page.get_by_role("menuitem", name="Kafka batches").click()
+            page.wait_for_url(lambda url: "/plugin/kafka-batch" in url)
             frame = page.frame_locator("iframe[title='Kafka batches']")
             row = frame.locator(f"#pipelines tr[data-pipeline='{good.name}']")
             assert _number(row.locator("td.lag").inner_text()) == 150
@@ -300,6 +317,27 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
             shot = Path(os.environ.get("KAFKA_BATCH_CONSOLE_SCREENSHOT") or tmp_path / "console.png")
             page.screenshot(path=str(shot))
             assert shot.stat().st_size < 200_000
+
+            # Its links open Airflow's pages in Airflow's window (the iframe may not navigate the top one):
+            # the pipeline's DAG, the DAG run of a batch, the replay DAG (whose Trigger takes the params).
+            [(run_id,)] = query("SELECT run_id FROM kafka_batch.batches WHERE pipeline = %s AND dag_id IS NOT NULL",
+                                good.name)
+            links = [  # (on the pipeline's page, the link, where it leads)
+                (False, f"#pipelines tr[data-pipeline='{good.name}'] a.dag-link", f"/dags/{good.dag_id}"),
+                (True, "#batches a.run-link", f"/dags/{good.dag_id}/runs/{run_id}"),
+                (True, "#ledger a.replay-link", f"/dags/{good.dag_id}__replay"),
+            ]
+            for on_pipeline_page, link, path in links:
+                page.goto(server.url + "plugin/kafka-batch")
+                frame = page.frame_locator("iframe[title='Kafka batches']")
+                if on_pipeline_page:
+                    frame.locator(f"#pipelines tr[data-pipeline='{good.name}'] a.pipeline-link").click()
+                    frame.locator("body[data-loaded^='#pipeline=']").wait_for()
+                frame.locator(link).first.click()
+                page.wait_for_url(lambda url, path=path: urllib.parse.unquote(
+                    urllib.parse.urlsplit(url).path).rstrip("/").endswith(path))
+                assert page.locator("iframe[title='Kafka batches']").count() == 0  # Airflow's page, not the console
+            page.get_by_role("button", name="Trigger").first.wait_for()  # the replay DAG's page
         finally:
             browser.close()
 

@@ -81,6 +81,55 @@ def test_params_forms_validate_their_input(dagbag):
     with pytest.raises(ParamValidationError, match="Invalid input for param topic"):
         params.update({"topic": "not_a_topic_of_the_pipeline"})
         params.validate()
+    for bad in ({"partitions": ["x"]}, {"partitions": [-1]}, {"from_offset": "ten"}, {"reason": ""}):
+        params = ParamsDict(replay.params)
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {next(iter(bad))}"):
+            params.update(bad)
+            params.validate()
+    for good in ({"partitions": ["0", " 3 "]}, {"partitions": [0, 3]},  # the form's lines; the API's numbers
+                 {"from_time": "2026-11-22T21:00:00Z", "until_time": "2026-11-22T22:00:00+00:00"}):
+        params = ParamsDict(replay.params)
+        params.update(good)
+        params.validate()
+    # A time the form's picker cannot give (Airflow checks no format): the plan task's first line refuses it.
+    from kafka_batch.config import optional_time_ms
+    from kafka_batch.errors import InputError
+
+    with pytest.raises(InputError, match="from_time"):
+        optional_time_ms("yesterday", "from_time")
+
+
+def test_every_param_of_both_forms_is_described_with_an_example_in_the_widget_its_type_calls_for(dagbag):
+    """What Airflow's trigger form draws from each param's schema (airflow-core's ui FieldSelector): an
+    array whose items are not typed as non-strings is a list, one item per line (not a JSON editor); a
+    string of format date-time a date-time picker; a number a number field; an enum a select."""
+    for dag_id in (PIPELINES["page_views"].dag_id, f"{PIPELINES['page_views'].dag_id}__replay"):
+        for name, param in dagbag.dags[dag_id].params.items():
+            assert param.description, (dag_id, name)
+            if param.schema.get("type") != "boolean" and name != "topic":
+                assert "e.g." in param.description, (dag_id, name)
+    replay = dagbag.dags[f"{PIPELINES['page_views'].dag_id}__replay"].params
+    assert "type" not in replay.get_param("partitions").schema["items"]  # a list of lines
+    assert all(replay.get_param(t).schema["format"] == "date-time" for t in ("from_time", "until_time"))
+    assert "integer" in replay.get_param("from_offset").schema["type"]
+    assert replay.get_param("topic").schema["enum"] == list(PIPELINES["page_views"].topics)
+
+
+def test_a_backfill_of_a_pipeline_planned_by_offsets_is_refused_in_one_line_naming_the_replay_dag():
+    from types import SimpleNamespace
+
+    from kafka_batch.airflow.dag_factory import PLAN_BY_DOCS, _refuse_offsets_backfill, build_dag
+    from kafka_batch.config import parse_pipeline
+    from kafka_batch.errors import InputError
+
+    raw = PIPELINES["page_views"].definition
+    by_offsets, by_time = parse_pipeline(raw), parse_pipeline({**raw, "plan_by": "time"})
+    with pytest.raises(InputError, match=f"trigger {by_offsets.replay_dag_id} \\(offsets or times\\)"):
+        _refuse_offsets_backfill(by_offsets, SimpleNamespace(run_type="backfill"))
+    for pipeline, run_type in ((by_offsets, "scheduled"), (by_offsets, "manual"), (by_time, "backfill")):
+        _refuse_offsets_backfill(pipeline, SimpleNamespace(run_type=run_type))
+    assert "**Plans by offsets.**" in build_dag(by_offsets).doc_md and "**Plans by time.**" in build_dag(by_time).doc_md
+    assert PLAN_BY_DOCS.keys() == {"offsets", "time"}
 
 
 def test_batch_id_reaches_spark_through_the_template(dagbag):

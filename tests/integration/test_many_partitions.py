@@ -131,6 +131,10 @@ def test_status_all_lists_every_pipeline_with_its_lag_and_problems(services, tmp
     broken.update(name=f"{caught_up.name}_nodb", connections={**broken["connections"], "postgres": "nowhere"})
     broken["sinks"]["aggregate"]["table"] += "_nodb"
     (tmp_path / "nodb.yaml").write_text(yaml.safe_dump(broken))
+    unborn = yaml.safe_load((session / f"{caught_up.name}.yaml").read_text())  # a sample no one has run yet
+    unborn.update(name=f"{caught_up.name}_unborn", topics=[f"{caught_up.name}_unborn_topic"])
+    unborn["sinks"]["aggregate"]["table"] += "_unborn"
+    (tmp_path / "unborn.yaml").write_text(yaml.safe_dump(unborn))
     (tmp_path / "invalid.yaml").write_text("name: invalid\ntopics: [x]\ncolour: red\n")
     env = {"KAFKA_BATCH_PIPELINES_DIR": str(tmp_path)}
 
@@ -144,8 +148,12 @@ def test_status_all_lists_every_pipeline_with_its_lag_and_problems(services, tmp
     assert by_name[caught_up.name]["error"] is None and by_name[behind.name]["error"] is None
     assert "nowhere" in by_name[f"{caught_up.name}_nodb"]["error"]
     assert "colour" in by_name[None]["error"] and by_name[None]["file"].endswith("invalid.yaml")
+    never_ran = by_name[f"{caught_up.name}_unborn"]  # not an error: it has not started
+    assert never_ran["error"] is None and never_ran["last_batch"] is None, never_ran
+    assert never_ran["not_started"] == f"not started: topic '{caught_up.name}_unborn_topic' does not exist", never_ran
 
     table = run_cli("status", "--all", env=env).stdout
     assert behind.name in table and caught_up.name in table and "(invalid.yaml)" in table
+    assert "not started: topic" in table
     checked = run_cli("status", "--all", "--check", env=env, check=False)
     assert checked.returncode == 7 and "3 pipeline(s) need a look" in checked.stderr

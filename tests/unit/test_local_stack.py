@@ -170,3 +170,19 @@ def test_the_kafka_security_stays_what_the_local_data_was_made_with(tmp_path, mo
     monkeypatch.setenv(local_stack.KAFKA_SECURITY_VARIABLE, "tls")
     with pytest.raises(RuntimeError, match="security is none or sasl_ssl, not 'tls'"):
         local_stack._requested_security(tmp_path, None, {})
+
+
+def test_env_sh_gives_a_shell_the_connections_and_the_virtualenvs_commands(tmp_path):
+    """The guide's first step: after `source .local/env.sh`, `kafka-batch` and `airflow` are the venv's,
+    and sourcing it twice puts them on PATH once."""
+    bin_dir = Path(sys.executable).parent
+    local_stack.write_env_file(tmp_path, {"AIRFLOW_CONN_X": "it's {\"a\": 1}", "KAFKA_BATCH_LOG_DIR": str(tmp_path / "logs")})
+    assert oct((tmp_path / "env.sh").stat().st_mode & 0o777) == "0o600"
+    shell = subprocess.run(
+        ["bash", "-c", f"source {tmp_path}/env.sh && source {tmp_path}/env.sh && command -v kafka-batch airflow"
+                       f" && echo \"$AIRFLOW_CONN_X\" && echo \"$PATH\""],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
+    kafka_batch, airflow, conn, path = shell.stdout.splitlines()
+    assert (kafka_batch, airflow) == (str(bin_dir / "kafka-batch"), str(bin_dir / "airflow"))
+    assert conn == "it's {\"a\": 1}"
+    assert path.split(":").count(str(bin_dir)) == 1

@@ -751,7 +751,20 @@ def environment(base: Path | None = None) -> dict[str, str]:
     state = read_state(base)
     if not state:
         raise RuntimeError(f"the local services are not running (no {_state_path(base)}); run `make up`")
-    return {**airflow_env(base, state), **connections_env(base, state)}
+    # The CLI's Spark logs stay in the local home, with every other service's.
+    return {**airflow_env(base, state), **connections_env(base, state), "KAFKA_BATCH_LOG_DIR": str(base / "logs")}
+
+
+def write_env_file(base: Path, env: dict[str, str]) -> None:
+    """`env.sh`: the local connections and settings, and the virtualenv's commands (`kafka-batch`,
+    `airflow`, `python`) first on PATH, so a shell that sources it can follow the guide."""
+    commands = str(Path(sys.executable).parent)
+    lines = [f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())]
+    lines.append(f'case ":$PATH:" in *:{shlex.quote(commands)}:*) ;; *) export PATH={shlex.quote(commands)}:"$PATH" ;; esac\n')
+    path = base / "env.sh"
+    path.touch(mode=0o600)  # a secured Kafka's admin password is in it
+    path.chmod(0o600)
+    path.write_text("".join(lines))
 
 
 def migrate_airflow(base: Path, env: dict[str, str]) -> None:
@@ -788,9 +801,7 @@ def up(base: Path | None = None, spark_connect: bool = True, kafka_nodes: int | 
         start_spark_connect(base, state)
     _state_path(base).write_text(json.dumps(state, indent=2))
     env = environment(base)
-    (base / "env.sh").touch(mode=0o600)  # a secured Kafka's admin password is in it
-    (base / "env.sh").chmod(0o600)
-    (base / "env.sh").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
+    write_env_file(base, env)
     if kafka_started:
         check_kafka(env)
     migrate_airflow(base, env)

@@ -143,7 +143,8 @@ def _overview_of(pipelines: list) -> list[dict]:
     one Kafka client for them all (inspection.overview)."""
     from kafka_batch.core import inspection
 
-    rows = {p.name: {**_describe(p), "error": None, "kafka_error": None, "lag": None, "oldest_unread_at": None,
+    rows = {p.name: {**_describe(p), "error": None, "kafka_error": None, "not_started": None, "lag": None,
+                     "oldest_unread_at": None,
                      "partitions": None, "partitions_behind": None,
                      "alerts": p.alerts.model_dump(exclude_none=True), "behind": []} for p in pipelines}
     conns: list = []

@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_batch.airflow.operators import BatchSparkSubmitOperator, airflow_stats
 from kafka_batch.config import Pipeline, invalid_dag_id
-from kafka_batch.errors import KafkaBatchError
+from kafka_batch.errors import InputError, KafkaBatchError
 from kafka_batch.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,30 @@ _DRAFT = {"$schema": "http://json-schema.org/draft-07/schema#"}
 _LIMIT = {**_DRAFT, "type": ["null", "integer"], "minimum": 1}
 
 
+# What a run of the scheduled DAG reads, by `plan_by`: its docs in the UI say it, and a backfill does it.
+PLAN_BY_DOCS = {
+    "offsets": ("**Plans by offsets.** Each run reads the records after the committed positions, up to the "
+                "limits, whatever its data interval. Airflow's Backfill is refused (each run would read the "
+                "next records, not its interval's): to recompute committed records use `{replay}` (offsets or "
+                "times), or define the pipeline with `plan_by: time`."),
+    "time": ("**Plans by time.** Each run reads the records before the end of its data interval, from the "
+             "committed positions. A Backfill over past intervals recomputes the committed ranges that "
+             "overlap each interval (a replay, never counted twice); intervals not read yet are read in order."),
+}
+
+
+def _refuse_offsets_backfill(pipeline: Pipeline, dag_run) -> None:
+    """A backfill run of a pipeline planned by offsets: one line that says what to use instead."""
+    if pipeline.plan_by != "offsets" or dag_run is None:
+        return
+    if str(getattr(dag_run.run_type, "value", dag_run.run_type)) != "backfill":
+        return
+    raise InputError(
+        f"pipeline {pipeline.name!r} plans by offsets: a run reads the records after the committed positions"
+        " whatever its data interval, so a backfill would not recompute its intervals; to recompute committed"
+        f" records trigger {pipeline.replay_dag_id} (offsets or times), or define the pipeline with plan_by: time")
+
+
 def batch_params() -> dict[str, Param]:
     """A scheduled DAG's params, new for each DAG: a run's values are resolved into the DAG's own Param
     objects (its tasks hold no copies: _add_tasks), so no two DAGs may share them."""
@@ -43,8 +67,10 @@ def batch_params() -> dict[str, Param]:
                          description="Plan and report the ranges, lag and offsets; change nothing."),
         "recompute": Param(False, **_DRAFT, type="boolean",
                            description="If this run's batch is already committed, recompute (replay) its ranges."),
-        "max_records_per_partition": Param(None, **_LIMIT, description="Override the pipeline's limit for this run."),
-        "max_records_per_batch": Param(None, **_LIMIT, description="Override the pipeline's limit for this run."),
+        "max_records_per_partition": Param(None, **_LIMIT, description="At most this many records of each"
+                                           " partition in this run (e.g. 100000); empty: the pipeline's limit."),
+        "max_records_per_batch": Param(None, **_LIMIT, description="At most this many records in this run (e.g."
+                                       " 1000000); empty: the pipeline's limit."),
     }
 
 
@@ -72,6 +98,22 @@ def _services(pipeline: Pipeline):
     postgres = connections.postgres_params(connections.from_airflow(pipeline.connections.postgres))
     kafka = KafkaOffsets(_kafka_config(pipeline), timeout=pipeline.read.kafka_timeout_seconds)
     return database.connect(postgres), kafka
+
+
+def _analyze(conn, pipeline: Pipeline) -> None:
+    """The definition's expressions resolved by Spark's analyzer before anything is planned (once per
+    definition: kafka_batch.spark.analysis), on the Spark the execute task would use."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from kafka_batch import connections
+    from kafka_batch.spark import analysis
+
+    try:
+        spark = connections.from_airflow(pipeline.connections.spark)
+    except AirflowNotFoundException:  # spark-submit with its defaults, as the execute task's hook does
+        spark = None
+    registry = connections.from_airflow(pipeline.connections.schema_registry) if pipeline.uses_registry else None
+    analysis.check_expressions(conn, pipeline, spark, registry)
 
 
 def _observe(pipeline: Pipeline, conn, kafka, batch_id: int | None, extra=()) -> None:
@@ -105,7 +147,8 @@ def build_dag(pipeline: Pipeline) -> DAG:
         doc_md=(
             f"Pipeline `{pipeline.name}` (defined in `{pipeline.source}`): reads the next offset ranges of "
             f"{pipeline.topics_label} and commits its sinks' results into {', '.join(f'`{t}`' for t in pipeline.tables)} together "
-            "with the new positions, in one Postgres transaction."
+            "with the new positions, in one Postgres transaction.\n\n" + PLAN_BY_DOCS[pipeline.plan_by].format(
+                replay=pipeline.replay_dag_id)
         ),
         schedule=_schedule(pipeline),
         start_date=START_DATE,
@@ -119,17 +162,19 @@ def build_dag(pipeline: Pipeline) -> DAG:
     return dag
 
 
-def _plan_next(pipeline: Pipeline, params: dict, run_id: str, data_interval_start=None,
+def _plan_next(pipeline: Pipeline, params: dict, run_id: str, dag_run=None, data_interval_start=None,
                data_interval_end=None) -> dict:
     """Persist this run's ranges; a retry or clear of the run gets the same batch back."""
     from kafka_batch.core import planning
 
+    _refuse_offsets_backfill(pipeline, dag_run)
     limited = pipeline.with_limits(
         max_records_per_partition=params["max_records_per_partition"],
         max_records_per_batch=params["max_records_per_batch"],
     )
     conn, kafka = _services(pipeline)
     try:
+        _analyze(conn, pipeline)
         if params["dry_run"]:
             summary = planning.dry_run(conn, kafka, limited)
             _log_plan("dry run (nothing persisted)", summary)
@@ -162,7 +207,7 @@ def _plan_replay(pipeline: Pipeline, params: dict, run_id: str) -> dict:
     from kafka_batch.core import planning
 
     request = planning.OffsetRequest(
-        params["topic"], tuple(params["partitions"] or ()), params["from_offset"], params["until_offset"],
+        params["topic"], tuple(int(p) for p in params["partitions"] or ()), params["from_offset"], params["until_offset"],
         optional_time_ms(params["from_time"], "from_time"), optional_time_ms(params["until_time"], "until_time"),
     )
     conn, kafka = _services(pipeline)
@@ -212,9 +257,39 @@ def _schedule(pipeline: Pipeline):
     return CronDataIntervalTimetable(pipeline.schedule, timezone="UTC")
 
 
+# A partition as the trigger form's list gives it (one per line: text) or as the API may (a number).
+_PARTITION = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\s*[0-9]+\s*$"}]}
+
+
+def replay_params(pipeline: Pipeline) -> dict[str, Param]:
+    """The replay DAG's form: each field described, with an example, in the widget its type calls for (a
+    list for partitions, numbers for offsets, a date-time picker for times)."""
+    topic = {"type": "string", "enum": list(pipeline.topics)} if pipeline.topics else {"type": "string"}
+    return {
+        "topic": Param(pipeline.topics[0] if pipeline.topics else "", **topic,
+                       description="The topic whose committed ranges are recomputed."),
+        "partitions": Param([], type="array", items=_PARTITION,
+                            description="Partition numbers, one per line (e.g. 0 and 3); empty: every partition"
+                                        " the pipeline has read."),
+        "from_offset": Param(None, type=["null", "integer"], minimum=0,
+                             description="First offset to recompute (e.g. 1000); give offsets *or* times."),
+        "until_offset": Param(None, type=["null", "integer"], minimum=1,
+                              description="Offset after the last one to recompute (e.g. 2000: 1000..1999)."),
+        "from_time": Param(None, type=["null", "string"], format="date-time",
+                           description="Recompute records from this time on (e.g. 2026-11-22T21:00:00Z); with"
+                                       " until_time, instead of offsets."),
+        "until_time": Param(None, type=["null", "string"], format="date-time",
+                            description="Up to this time, excluded (e.g. 2026-11-22T22:00:00Z)."),
+        "reason": Param("replay", type="string", minLength=1,
+                        description="Why, for the ledger (e.g. 'bug 12: durations counted twice')."),
+        "dry_run": Param(True, type="boolean",
+                         description="Recompute and show, per group key, the change it would make; commit"
+                                     " nothing. Clear it to commit the replay."),
+    }
+
+
 def build_replay_dag(pipeline: Pipeline) -> DAG:
     """A manual DAG to recompute committed ranges of one topic; dry run by default."""
-    topic = {"type": "string", "enum": list(pipeline.topics)} if pipeline.topics else {"type": "string"}
     dag = DAG(
         dag_id=pipeline.replay_dag_id,
         description=f"Recompute committed ranges of {pipeline.name} and swap their contributions",
@@ -229,16 +304,7 @@ def build_replay_dag(pipeline: Pipeline) -> DAG:
         catchup=False,
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
-        params={
-            "topic": Param(pipeline.topics[0] if pipeline.topics else "", **topic),
-            "partitions": Param([], type="array", items={"type": "integer", "minimum": 0}),
-            "from_offset": Param(None, type=["null", "integer"], minimum=0),
-            "until_offset": Param(None, type=["null", "integer"], minimum=1),
-            "from_time": Param(None, type=["null", "string"], description="ISO 8601 with a time zone"),
-            "until_time": Param(None, type=["null", "string"], description="ISO 8601 with a time zone"),
-            "reason": Param("replay", type="string", minLength=1),
-            "dry_run": Param(True, type="boolean"),
-        },
+        params=replay_params(pipeline),
         tags=["kafka_batch", pipeline.name, "replay"],
     )
     _add_tasks(dag, pipeline, _plan_replay, mode="{{ 'preview' if params.dry_run else 'commit' }}")
@@ -282,6 +348,7 @@ def _add_tasks(dag: DAG, pipeline: Pipeline, plan_next, mode: str = "commit") ->
 def _report(pipeline: Pipeline, summary: dict) -> dict:
     """Counts of the batch and lag per partition, for the log and XCom."""
     from kafka_batch.core.report import report as batch_report
+    from kafka_batch.core.report import sentence
     from kafka_batch.core.state import RUNNABLE
 
     if summary["status"] == "dry_run":
@@ -294,9 +361,7 @@ def _report(pipeline: Pipeline, summary: dict) -> dict:
         _observe(pipeline, conn, kafka, summary["batch_id"] if summary["status"] in RUNNABLE else None)
     finally:
         conn.close()
-    log.info("%s %s %s: %s records, %s quarantined, lag now %s", result["kind"], result["batch_id"],
-             result["status"], result["records_read"], result["records_invalid"] or 0,
-             result["lag"] if result["lag"] is not None else f"unknown ({result['lag_error']})")
+    log.info("%s", sentence(result))
     for p in result["partitions"]:
         log.info("  %s[%s] position=%s last_stable=%s lag=%s", p["topic"], p["partition"], p["position"],
                  p["last_stable"], p["lag"])

@@ -23,6 +23,9 @@ from kafka_batch.errors import KafkaBatchError
 from kafka_batch.observability import metrics
 from kafka_batch.spark.execution import batch_execution
 
+# What each outlet event's extra holds: the batch, its exact ranges and its counts.
+ASSET_EVENT_KEYS = ("pipeline", "batch_id", "kind", "ranges", "records_read", "records_invalid")
+
 
 class BatchSparkSubmitOperator(BaseOperator):
     """Submit `spark_jobs/run_batch.py` for one batch.
@@ -94,11 +97,9 @@ class BatchSparkSubmitOperator(BaseOperator):
             conn.close()
         if batch.status != "committed":
             raise AirflowSkipException(f"batch {batch_id} is {batch.status}: nothing committed, no asset event")
+        summary = batch.summary()  # for the DAGs downstream: which batch, what it read, exactly
         for asset in self.outlets:
-            context["outlet_events"][asset].extra = {
-                "pipeline": self.pipeline.name, "batch_id": batch.id, "kind": batch.kind,
-                "records_read": batch.records_read, "records_invalid": batch.records_invalid,
-            }
+            context["outlet_events"][asset].extra.update({key: summary[key] for key in ASSET_EVENT_KEYS})
         if lineage:  # its classes cost a task half a second to import: only when someone receives it
             from kafka_batch.airflow.lineage import batch_lineage
 

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from confluent_kafka import KafkaException
 from tabulate import tabulate
 
 from kafka_batch import connections
-from kafka_batch.config import load_pipeline, load_pipelines, optional_time_ms
+from kafka_batch.config import load_pipeline, load_pipelines, log_dir, optional_time_ms
 from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
 from kafka_batch.errors import InputError, KafkaBatchError, ServiceError, UnsafeBroker, one_line
@@ -69,13 +68,7 @@ def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = 
     timings.mark("submit_prepare")
     postgres = connections.from_environment(pipeline.connections.postgres)
     kafka = connections.from_environment(pipeline.connections.kafka)
-    try:
-        spark = connections.from_environment(pipeline.connections.spark)
-    except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
-        spark = None
-    registry = None
-    if pipeline.uses_registry:
-        registry = connections.from_environment(pipeline.connections.schema_registry)
+    spark, registry = _spark_connection(pipeline), _registry_connection(pipeline)
     output = None
     if pipeline.publishing_sinks and pipeline.connections.kafka_output:
         output = connections.from_environment(pipeline.connections.kafka_output)
@@ -85,6 +78,27 @@ def submit_batch(pipeline, batch_id: int, mode: str = "commit", verbose: bool = 
         timings.mark("submit_start")
         execution.run()
         timings.mark("submit_done")
+
+
+def _spark_connection(pipeline) -> connections.ConnectionFields | None:
+    try:
+        return connections.from_environment(pipeline.connections.spark)
+    except KafkaBatchError:  # undefined: spark-submit with its defaults, as the provider's hook does
+        return None
+
+
+def _registry_connection(pipeline) -> connections.ConnectionFields | None:
+    if not pipeline.uses_registry:
+        return None
+    return connections.from_environment(pipeline.connections.schema_registry)
+
+
+def _analyze(conn, pipeline) -> None:
+    """The definition's expressions resolved by Spark's analyzer before anything is planned (once per
+    definition: kafka_batch.spark.analysis)."""
+    from kafka_batch.spark import analysis
+
+    analysis.check_expressions(conn, pipeline, _spark_connection(pipeline), _registry_connection(pipeline))
 
 
 _JOB_LINE = re.compile(r"\bkafka_batch\.job: (.*)$")
@@ -115,7 +129,7 @@ def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[
         logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
         yield None
         return
-    directory = Path(os.environ.get("KAFKA_BATCH_LOG_DIR") or Path(tempfile.gettempdir()) / "kafka-batch-logs")
+    directory = log_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{pipeline_name}-batch-{batch_id}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     to_file, in_process_to_file = logging.FileHandler(path), logging.FileHandler(path)
@@ -129,11 +143,22 @@ def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[
     saved = project.handlers, project.level, project.propagate
     project.handlers, project.propagate = [in_process_to_file, _JobLines()], False
     project.setLevel(logging.INFO)
+    # pyspark's own (a Spark Connect batch runs here): each error it raises, logged with its traces.
+    from pyspark.logger import PySparkLogger
+
+    spark_loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    spark_saved = [spark_logger.handlers for spark_logger in spark_loggers]
+    for spark_logger in spark_loggers:
+        spark_logger.handlers = [in_process_to_file]
     print(f"Spark's log: {path} (--verbose shows it here)", flush=True)
     try:
         yield logger
+    except KafkaBatchError as exc:  # its one line names where the trace is
+        raise type(exc)(f"{exc} (Spark's log: {path})") from None
     finally:
         logger.handlers = []
+        for spark_logger, handlers in zip(spark_loggers, spark_saved, strict=True):
+            spark_logger.handlers = handlers
         project.handlers, project.propagate = saved[0], saved[2]
         project.setLevel(saved[1])
         to_file.close()
@@ -144,6 +169,7 @@ def cmd_plan(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
+        _analyze(conn, pipeline)
         if args.dry_run:
             plan = planning.dry_run(conn, kafka, pipeline)
             print(f"dry run: {len(plan['ranges'])} ranges, {plan['offsets_planned']} offsets, lag {plan['lag']}"
@@ -156,6 +182,19 @@ def cmd_plan(args) -> int:
         print(json.dumps(batch.summary(), indent=2))
     finally:
         conn.close()
+    return 0
+
+
+def cmd_validate(args) -> int:
+    """The pipeline's file and its expressions, checked as its first plan checks them (Spark's analyzer,
+    kafka_batch.spark.analysis); nothing is planned. Postgres remembers a definition that passed."""
+    pipeline = load_pipeline(args.pipeline)
+    conn = _postgres(pipeline.connections.postgres)
+    try:
+        _analyze(conn, pipeline)
+    finally:
+        conn.close()
+    print(f"pipeline {pipeline.name} ({pipeline.source}): valid; its {len(pipeline.expressions())} expressions resolve")
     return 0
 
 
@@ -206,6 +245,7 @@ def cmd_run(args) -> int:
     pipeline = load_pipeline(args.pipeline)
     conn, kafka = _services(pipeline)
     try:
+        _analyze(conn, pipeline)
         timings.mark("plan_start")
         started = time.monotonic()
         batch = planning.plan_batch(conn, kafka, pipeline, run_id=args.run_id or _cli_run_id(),
@@ -434,7 +474,8 @@ def _status_line(line: dict) -> tuple:
                  ("data_loss", "data losses"), ("quarantined", "quarantined")) if line.get(key)]
     committed = line.get("last_commit_at")
     return (line["pipeline"], line["topics"], line.get("partitions", "-"), line.get("lag", "-"),
-            line.get("partitions_behind", "-"), "-" if last is None else f"{last['id']} {last['status']}",
+            line.get("partitions_behind", "-"),
+            line.get("not_started") or ("-" if last is None else f"{last['id']} {last['status']}"),
             "-" if committed is None else committed.strftime("%Y-%m-%d %H:%M:%S"), "; ".join(problems) or "-")
 
 
@@ -599,6 +640,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", help="the run that owns the batch; the same id returns the same batch")
     p.add_argument("--dry-run", action="store_true", help="show the ranges the next batch would read; store nothing")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("validate", help="check the pipeline's file and resolve its expressions with Spark's analyzer,"
+                                        " as its first plan does; plan nothing")
+    p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
+    p.set_defaults(func=cmd_validate)
     verbose = argparse.ArgumentParser(add_help=False)
     verbose.add_argument("--verbose", action="store_true",
                          help="show Spark's whole log here (default: in a file, with the job's progress shown)")

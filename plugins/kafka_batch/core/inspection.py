@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from kafka_batch.config import Pipeline
 from kafka_batch.core import database, positions
 from kafka_batch.core.planning import ask_kafka, partition_states
-from kafka_batch.errors import StateError
+from kafka_batch.errors import MissingTopic, StateError
 from kafka_batch.kafka.source import KafkaOffsets, first_timestamps
 
 
@@ -84,7 +84,8 @@ def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipe
              oldest_unread: bool = True) -> list[dict]:
     """A line per pipeline, for pipelines that share this Postgres and this Kafka: its bookkeeping
     (`summary`) and its partitions behind (`behind`), with `error` (Postgres) or `kafka_error` (the
-    exception) instead where they failed, the others' lines unharmed.
+    exception) instead where they failed, the others' lines unharmed. A pipeline that never ran and
+    whose topic does not exist yet is `not_started` (why), not an error: a sample no one has run.
 
     The oldest unread record of every pipeline's partitions behind is asked in one fetch for them all
     (without `oldest_unread`: only where a pipeline's alerts bound its age). One consumer per pipeline
@@ -93,11 +94,16 @@ def overview(conn, kafka: KafkaOffsets, kafka_config: dict, pipelines: list[Pipe
     kafka = _AskedOnce(kafka, pipelines)
     lines = []
     for pipeline in pipelines:
-        line: dict = {"pipeline": pipeline, "error": None, "kafka_error": None, "parts": None}
+        line: dict = {"pipeline": pipeline, "error": None, "kafka_error": None, "not_started": None, "parts": None}
         try:
             line.update(summary(conn, pipeline.name))
             try:
                 line["parts"] = partitions(conn, kafka, kafka_config, pipeline, timeout, oldest_unread=False)
+            except MissingTopic as exc:
+                if line["last_batch"] is None:
+                    line["not_started"] = f"not started: {exc}"
+                else:
+                    line["kafka_error"] = exc
             except Exception as exc:  # Kafka's answer (the bookkeeping above is still worth showing)
                 line["kafka_error"] = exc
         except Exception as exc:

@@ -87,6 +87,21 @@ def report(conn, kafka: KafkaOffsets, pipeline: Pipeline, batch_id: int) -> dict
     return result
 
 
+def sentence(result: dict) -> str:
+    """`report`'s result as one line a person reads: what the batch did, then the lag."""
+    kind, number, state = result["kind"], result["batch_id"], result["status"]
+    if state == BatchStatus.EMPTY:
+        did = f"{kind} {number} was empty: no new records to read"
+    elif result.get("records_read") is None:
+        did = f"{kind} {number} is {state}: nothing read yet"
+    else:
+        invalid = result.get("records_invalid") or 0
+        did = f"{kind} {number} is {state}: {result['records_read']:,} records read" + (
+            f", {invalid:,} quarantined" if invalid else "")
+    lag = f"{result['lag']:,}" if result.get("lag") is not None else f"unknown ({result.get('lag_error')})"
+    return f"{did}; lag now {lag}"
+
+
 def batch_facts(conn, batch_id: int) -> dict:
     """What the ledger says of one batch, for its metrics (kafka_batch.observability.metrics.batch_points): counts,
     attempts, phases' seconds, what it published per topic and the offsets it recorded as lost, per partition."""

@@ -29,7 +29,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-from kafka_batch.errors import DataLossError, InputError, ServiceError
+from kafka_batch.errors import DataLossError, InputError, MissingTopic, ServiceError
 from kafka_batch.kafka.bounded import GRACE_SECONDS
 from kafka_batch.kafka.ranges import OffsetRange
 
@@ -157,7 +157,7 @@ class KafkaOffsets:
         for topic in topics:
             meta = described.get(topic)
             if meta is None or (meta.error is not None and meta.error.code() in _NO_SUCH_TOPIC):
-                raise InputError(f"topic {topic!r} does not exist")
+                raise MissingTopic(f"topic {topic!r} does not exist")
             if meta.error is not None:
                 raise refused(meta.error, f"Describe on topic {topic!r}") or ServiceError(f"topic {topic!r}: {meta.error}")
             found.extend((topic, p) for p in sorted(meta.partitions))
@@ -200,7 +200,7 @@ class KafkaOffsets:
                 allowed = self._answer(future, f"describing topic {topic}").authorized_operations
             except KafkaException as exc:
                 if exc.args and exc.args[0].code() in _NO_SUCH_TOPIC:
-                    raise InputError(f"topic {topic!r} does not exist") from None
+                    raise MissingTopic(f"topic {topic!r} does not exist") from None
                 raise self._unavailable(f"describing topic {topic!r} failed", exc, f"Describe on topic {topic!r}") from None
             if allowed is not None and AclOperation.ALL not in allowed:
                 missing = [op for op in operations if AclOperation[op] not in allowed]

@@ -25,6 +25,7 @@ from kafka_batch.sinks.base import (
     StageContext,
     TableSink,
     as_json,
+    at,
     check_new_ranges,
     collect_arrow,
     columns,
@@ -74,6 +75,9 @@ class AggregateSink(TableSink):
     @property
     def columns_used(self) -> tuple[Column, ...]:
         return self.group_by + self.measures
+
+    def expressions(self) -> tuple[tuple[str, Column], ...]:
+        return at("group_by", self.group_by) + at("measures", self.measures)
 
     @property
     def keys(self) -> list[str]:

@@ -257,6 +257,11 @@ def _named(specs: dict[str, ColumnSpec]) -> tuple[Column, ...]:
     return tuple(Column(name, spec.expr, spec.type) for name, spec in specs.items())
 
 
+def at(field_name: str, columns_: Sequence[Column]) -> tuple[tuple[str, Column], ...]:
+    """Each column with its path under the definition's field (`measures.views`)."""
+    return tuple((f"{field_name}.{c.name}", c) for c in columns_)
+
+
 def columns(spec: type[ColumnSpec]) -> Any:
     """A non-empty mapping `column name -> spec` in the definition; the sink gets a tuple of Columns."""
     return Annotated[dict[Identifier, spec_or_expression(spec)], Field(min_length=1), AfterValidator(_named)]
@@ -378,6 +383,11 @@ class Sink(Model, ABC):
         """Every column whose expression `compute` evaluates: the reader builds only the record columns
         they name. None (the default) makes the reader build every record column."""
         return None
+
+    def expressions(self) -> tuple[tuple[str, Column], ...]:
+        """Every expression of the sink with its path in the sink's section (`measures.views`), each as the
+        column `compute` casts it to: Spark's analyzer resolves them before a batch is planned."""
+        return ()
 
     @property
     def tables(self) -> tuple[str, ...]:

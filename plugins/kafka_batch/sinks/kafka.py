@@ -146,7 +146,11 @@ class KafkaSink(Sink):
 
     @property
     def columns_used(self) -> tuple[base.Column, ...]:
-        return self.value or ()
+        return tuple(column for _, column in self.expressions())
+
+    def expressions(self) -> tuple[tuple[str, base.Column], ...]:
+        key = (("key", base.Column("_key", self.key, "text")),) if self.key else ()
+        return key + base.at("value", self.value or ())
 
     @property
     def publishes_tables(self) -> tuple[str, ...]:

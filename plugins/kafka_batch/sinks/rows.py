@@ -43,6 +43,9 @@ class RowsSink(TableSink):
     def columns_used(self) -> tuple[base.Column, ...]:
         return self.columns
 
+    def expressions(self) -> tuple[tuple[str, base.Column], ...]:
+        return base.at("columns", self.columns)
+
     @property
     def column_names(self) -> list[str]:
         return [*KEY, *(c.name for c in self.columns)]

@@ -96,8 +96,12 @@ class UpsertSink(TableSink):
 
     @property
     def columns_used(self) -> tuple[Column, ...]:
-        extra = (Column("_delete_when", self.delete_when, "boolean"),) if self.delete_when else ()
-        return self.required_columns + self.columns + extra
+        return tuple(column for _, column in self.expressions())
+
+    def expressions(self) -> tuple[tuple[str, Column], ...]:
+        version = (("version", self._version),) if self.version else ()
+        delete_when = (("delete_when", Column("_delete_when", self.delete_when, "boolean")),) if self.delete_when else ()
+        return base.at("key", self.key) + version + base.at("columns", self.columns) + delete_when
 
     @property
     def _version(self) -> Column:

@@ -126,7 +126,7 @@ def _add_package(spark, package: Path) -> None:
 
 
 @contextmanager
-def _connect_mode() -> Iterator[None]:
+def connect_mode() -> Iterator[None]:
     """pyspark marks the process as a Spark Connect client in its environment (its functions dispatch
     on it); a spark-submit this process starts later (a CLI or bench run of another pipeline) must not
     inherit the mark, or its driver looks for a Connect server."""
@@ -156,7 +156,7 @@ class ConnectExecution:
         self._spark = None
 
     def run(self) -> None:
-        with _connect_mode():
+        with connect_mode():
             self._run()
 
     def _run(self) -> None:

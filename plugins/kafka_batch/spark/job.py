@@ -27,6 +27,7 @@ from kafka_batch.errors import (
     one_line,
     raised_in_task,
     without_sqlstate,
+    without_traces,
 )
 from kafka_batch.formats.columns import Decoded, schema_id_column
 from kafka_batch.kafka.ranges import OffsetRange, pack_tasks, recheck_retention, split_for_tasks
@@ -259,7 +260,7 @@ def run_batch(
              batch.span, batch.definition_hash[:12])
     publication = None
     try:
-        decoder = _decoder(pipeline, registry_config)
+        decoder = value_decoder(pipeline, registry_config)
         if mode == "commit":
             publication = _open_publication(postgres, pipeline, batch, attempt, publish, registry)
         reading = time.monotonic()
@@ -451,7 +452,7 @@ def _values(pipeline: Pipeline, decoder) -> str:
     return "unparsed"
 
 
-def _decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
+def value_decoder(pipeline: Pipeline, registry_config: Callable[[Pipeline], dict]):
     """The reader's decoder of the pipeline's values (None: Spark's from_json parses them all). A
     registry that refuses the credentials fails the batch here, before any task reads."""
     record = pipeline.record
@@ -495,7 +496,8 @@ def _record_failure(postgres: dict, pipeline: Pipeline, batch_id: int, attempt: 
     try:
         conn = database.connect(postgres)
         try:
-            attempts.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {exc}")
+            # The message without Spark's traces: the batch's log holds them (status and the console show this).
+            attempts.mark_failed(conn, batch_id, attempt, f"{type(exc).__name__}: {without_traces(str(exc))}")
         finally:
             conn.close()
     except Exception as again:  # noqa: BLE001 - the original error is the one to raise

@@ -80,6 +80,27 @@ def _names_where(conditions: dict[str, Column]) -> Column:
 
 
 def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    flat = _flat(records, pipeline)
+    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM, _LENGTH, *_decode_errors(pipeline))
+    if pipeline.on_invalid_record == "quarantine":
+        return checked
+    rejected = F.raise_error(F.format_string(
+        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}): %s",
+        F.col("topic"), F.col("partition"), F.col("offset"), F.col("_invalid"),
+    ))
+    # A filter, not a column: Spark evaluates it for every record whatever columns a sink selects.
+    return checked.where(F.when(F.col("_invalid").isNull(), F.lit(True)).otherwise(rejected))
+
+
+def expression_scope(records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """The columns a sink's expressions see, with their types: `parse_records`' columns, built without
+    the sinks' own conditions (kafka_batch.spark.analysis resolves those expressions against it)."""
+    return _flat(records, pipeline).drop(_PROBLEM, _LENGTH, *_decode_errors(pipeline)).withColumn(
+        "_invalid", F.lit(None).cast("string"))
+
+
+def _flat(records: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """The record's metadata and fields, flags and the inputs of `_reason`, one column each."""
     envelope = pipeline.record.envelope
     if pipeline.record.format != "json":  # decoded by the reader (formats.avro, formats.protobuf)
         parsed = records
@@ -94,18 +115,9 @@ def parse_records(records: DataFrame, pipeline: Pipeline) -> DataFrame:
     metadata = [c for c in METADATA if c in columns]
     length = F.col(VALUE_BYTES) if VALUE_BYTES in columns else F.length("value")
     tombstone = length.isNull()
-    flat = parsed.select(*metadata, *fields, *value.extra, *_decode_errors(pipeline), tombstone.alias("_tombstone"),
+    return parsed.select(*metadata, *fields, *value.extra, *_decode_errors(pipeline), tombstone.alias("_tombstone"),
                          (tombstone | value.deleted).alias("_deleted"), value.problem.alias(_PROBLEM),
                          length.alias(_LENGTH))
-    checked = flat.withColumn("_invalid", _reason(pipeline)).drop(_PROBLEM, _LENGTH, *_decode_errors(pipeline))
-    if pipeline.on_invalid_record == "quarantine":
-        return checked
-    rejected = F.raise_error(F.format_string(
-        f"{INVALID_RECORD} %s[%d] at offset %d (pipeline {pipeline.name}): %s",
-        F.col("topic"), F.col("partition"), F.col("offset"), F.col("_invalid"),
-    ))
-    # A filter, not a column: Spark evaluates it for every record whatever columns a sink selects.
-    return checked.where(F.when(F.col("_invalid").isNull(), F.lit(True)).otherwise(rejected))
 
 
 def _decode_errors(pipeline: Pipeline) -> list[str]:

@@ -38,10 +38,55 @@ function age(iso) {
   return parts.slice(0, 2).join(" ") + " ago";
 }
 
-const when = (iso) => (iso ? el("span", {title: iso}, age(iso)) : "–");
-const dagLink = (dagId) => el("a", {href: airflow("dags/" + encodeURIComponent(dagId)), target: "_top"}, dagId);
+// Times as Airflow's UI shows them: 24-hour, in the timezone chosen there (its "timezone" setting,
+// kept in this origin's local storage), else the browser's.
+function airflowTimezone() {
+  try {
+    const chosen = JSON.parse(localStorage.getItem("timezone"));
+    if (chosen) return chosen;
+  } catch (error) { /* not set, or not JSON: the browser's */ }
+  return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+}
+
+function clock(date, withDay = true) {
+  const zone = airflowTimezone();
+  const parts = Object.fromEntries(new Intl.DateTimeFormat("en-US", {
+    timeZone: zone, hourCycle: "h23", year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit"}).formatToParts(date).map((p) => [p.type, p.value]));
+  const time = parts.hour + ":" + parts.minute + ":" + parts.second;
+  return (withDay ? parts.year + "-" + parts.month + "-" + parts.day + " " : "") + time + " " + zone;
+}
+
+const when = (iso) => (iso ? el("span", {title: clock(new Date(iso))}, age(iso)) : "–");
+
+// Inside Airflow the console is an iframe sandboxed without allow-top-navigation, so a link cannot take
+// the top window to an Airflow page. The page is the same origin: the link is followed by an anchor of
+// Airflow's own document, and Airflow shows its page. Alone, or with a modifier key, links act as usual.
+function followInAirflow(event) {
+  if (window.top === window || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+  let top;
+  try {
+    top = window.top.document;
+  } catch (error) {
+    return;  // another origin frames the console: the browser decides
+  }
+  event.preventDefault();
+  const anchor = top.createElement("a");
+  anchor.href = event.currentTarget.href;
+  top.body.append(anchor);
+  anchor.click();
+  anchor.remove();
+}
+
+function airflowLink(path, text, attrs = {}) {
+  const link = el("a", {...attrs, href: airflow(path), target: "_top"}, text);
+  link.addEventListener("click", followInAirflow);
+  return link;
+}
+
+const dagLink = (dagId) => airflowLink("dags/" + encodeURIComponent(dagId), dagId, {class: "dag-link"});
 const runLink = (dagId, runId) => (dagId
-  ? el("a", {href: airflow("dags/" + encodeURIComponent(dagId) + "/runs/" + encodeURIComponent(runId)), target: "_top"}, runId)
+  ? airflowLink("dags/" + encodeURIComponent(dagId) + "/runs/" + encodeURIComponent(runId), runId, {class: "run-link"})
   : el("span", {title: "run by the CLI"}, runId));
 
 async function getJSON(url) {
@@ -72,7 +117,7 @@ async function showOverview() {
       el("td", {}, el("a", {href: "#pipeline=" + encodeURIComponent(p.name), class: "pipeline-link"}, p.name)),
       el("td", {}, dagLink(p.dag_id), el("br"), dagLink(p.replay_dag_id)),
       last ? el("td", {class: "last-batch status-" + last.status}, last.kind + " " + last.id + " " + last.status)
-        : cell(null, "last-batch"),
+        : cell(p.not_started, "last-batch not-started"),
       numCell(p.lag, p.behind.length ? "lag behind" : "lag"),
       el("td", {class: "oldest"}, when(p.oldest_unread_at)),
       el("td", {class: "last-commit"}, when(p.last_commit_at)),
@@ -137,8 +182,8 @@ async function showLedger(name, value) {
     cell(r.kind), el("td", {}, when(r.committed_at)),
     cell(r.retired_at ? r.retired_by + " (" + age(r.retired_at) + ")" : null),
     el("td", {},
-      el("a", {href: airflow("dags/" + encodeURIComponent(currentReplayDag)), target: "_top",
-        title: "Trigger the replay DAG with these params: " + JSON.stringify(r.replay_params)}, "replay DAG"),
+      airflowLink("dags/" + encodeURIComponent(currentReplayDag), "replay DAG", {class: "replay-link",
+        title: "Trigger the replay DAG with these params: " + JSON.stringify(r.replay_params)}),
       " params ", el("code", {class: "replay-params"}, JSON.stringify(r.replay_params)), el("br"),
       el("code", {class: "replay-cli"}, r.replay_cli), el("br"),
       el("code", {class: "rewind-cli"}, r.rewind_cli)))));
@@ -209,7 +254,7 @@ async function route() {
     if (match) await showPipeline(decodeURIComponent(match[1]));
     else await showOverview();
     $("#message").textContent = "";
-    $("#updated").textContent = "as of " + new Date().toLocaleTimeString();
+    $("#updated").textContent = "as of " + clock(new Date(), false);
     document.body.dataset.loaded = location.hash || "#";
   } catch (error) {
     report(error);

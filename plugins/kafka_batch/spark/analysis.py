@@ -1,0 +1,211 @@
+"""A definition's expressions, resolved by Spark's own analyzer before a batch is planned.
+
+Every expression a sink evaluates (group keys, measures, columns, keys, values, a version, `delete_when`)
+is analyzed against an empty frame of the pipeline's parsed records: the record's fields and metadata
+columns with their types, as the job builds them (`transform.expression_scope`), and cast to the type
+its column takes. A name that does not resolve, a syntax error or a cast Spark refuses is one line that
+names the file, the field's path, the name and the close ones Spark suggests: exit 2, nothing planned
+(a typo used to pass planning and fail the batch in Spark, with a JVM trace).
+
+Spark is the pipeline's own: its Spark Connect server (a round trip per question), or for spark-submit
+pipelines a local session started in this process (the JVM's start, seconds). A definition that passed
+is remembered in Postgres by its hash, so only the first plan of each definition pays it. A registry
+schema that changes under an unchanged definition is not analyzed again: a field it dropped fails
+the batch at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kafka_batch import connections
+from kafka_batch.config import Pipeline, log_dir
+from kafka_batch.connections import ConnectionFields
+from kafka_batch.core.database import apply_migrations, transaction
+from kafka_batch.errors import InputError
+
+log = logging.getLogger("kafka_batch.analysis")
+
+CLOSE_NAMES = 3  # of Spark's suggestions, the closest
+
+
+def check_expressions(conn, pipeline: Pipeline, spark: ConnectionFields | None,
+                      registry: ConnectionFields | None) -> None:
+    """Refuse, with InputError, a definition whose expressions Spark cannot resolve; remember one it can.
+    `spark`: the pipeline's Spark connection (None: spark-submit's defaults); `registry`: its Schema
+    Registry's, for a pipeline that reads through one."""
+    if not pipeline.expressions():
+        return
+    apply_migrations(conn)
+    if _analyzed(conn, pipeline.definition_hash):
+        return
+    registry_config = None if registry is None else connections.schema_registry_config(registry)
+    with _session(spark) as session:
+        problems = unresolved(session, pipeline, registry_config)
+    if problems:
+        raise InputError(f"pipeline {pipeline.name!r} ({pipeline.source}): {'; '.join(problems)}")
+    _remember(conn, pipeline.definition_hash)
+
+
+def unresolved(spark, pipeline: Pipeline, registry_config: dict | None = None) -> list[str]:
+    """What Spark's analyzer says of each expression it refuses, as `<path>: <why>`: all of them are
+    asked at once, and one by one only when that fails."""
+    from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
+
+    from kafka_batch.spark.job import value_decoder
+    from kafka_batch.spark.reader import ALL_COLUMNS, record_schema
+    from kafka_batch.spark.transform import expression_scope
+
+    decoder = value_decoder(pipeline, lambda _pipeline: registry_config)
+    scope = expression_scope(spark.createDataFrame([], record_schema(ALL_COLUMNS, decoder)), pipeline)
+    expressions = pipeline.expressions()
+
+    def analyzed(*columns):
+        """Spark analyzes a plan when asked its schema (classic pyspark already at `select`)."""
+        return scope.select(*[F.expr(c.expr).cast(c.spark_type).alias(f"e{i}") for i, c in enumerate(columns)]).schema
+
+    with _quiet():
+        try:
+            analyzed(*(column for _, column in expressions))
+            return []
+        except AnalysisException:
+            pass
+        problems = []
+        for path, column in expressions:
+            try:
+                analyzed(column)
+            except AnalysisException as exc:
+                problems.append(f"{path}: {_said(column.expr, exc)}")
+    return problems
+
+
+def _said(expression: str, exc) -> str:
+    """Spark's refusal in a phrase: the name and the close ones for an unresolved name or function, else
+    the first line of its message without its condition, SQLSTATE and plan."""
+    condition = exc.getCondition() or ""
+    given = exc.getMessageParameters() or {}
+    if condition.startswith(("UNRESOLVED_COLUMN", "UNRESOLVED_ROUTINE")):
+        name = given.get("objectName") or given.get("routineName") or "?"
+        where = "" if name.strip("`") == expression.strip() else f" in {expression!r}"
+        if condition.startswith("UNRESOLVED_ROUTINE"):
+            return f"{name}{where} is not a Spark SQL function"
+        # Spark ranks its proposals by edit distance; a typo's intended name is the most alike.
+        proposals = [n.strip() for n in given.get("proposal", "").split(",") if n.strip()]
+        close = sorted(proposals, key=lambda n: -difflib.SequenceMatcher(None, n.strip("`"), name.strip("`")).ratio())
+        close = close[:CLOSE_NAMES]
+        return (f"{name}{where} is not a field or metadata column of the record"
+                + (f" (close: {', '.join(close)})" if close else ""))
+    first = (str(exc).strip().splitlines() or [condition])[0]
+    first = re.sub(r"^\[[A-Z_.]+\]\s*|\s*SQLSTATE: \w+", "", first).strip()
+    return f"{expression!r}: {first[:1].lower()}{first[1:]}"
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """pyspark logs every analysis error it raises, with the JVM's trace: the caller says it in one line.
+    Its loggers are made as pyspark makes them (PySparkLogger: a plain Logger made first under their names
+    fails pyspark's later calls, which pass keywords only PySparkLogger takes)."""
+    from pyspark.logger import PySparkLogger
+
+    loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    saved = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, saved, strict=True):
+            logger.disabled = disabled
+
+
+@contextmanager
+def _session(spark: ConnectionFields | None) -> Iterator:
+    """A Spark session to ask: the pipeline's Spark Connect server, or a local one in this process."""
+    from kafka_batch.spark import connect
+
+    if connect.uses_connect(spark):
+        with connect.connect_mode():
+            session = connect.session(spark)
+            try:
+                yield session
+            finally:
+                session.client.close()  # the channel only: the shared session stays
+        return
+    import os
+
+    from pyspark.sql import SparkSession
+
+    from kafka_batch.spark.submit import spark_environment
+
+    for key, value in spark_environment().items():
+        os.environ.setdefault(key, value)
+    directory = log_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    output = directory / "analysis-jvm.log"
+    log.info("starting a local Spark session to analyze the definition's expressions (its log: %s)", output)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connections' lines, at exit too
+    with open(output, "ab") as jvm_log, _stderr_to(jvm_log):  # the JVM's lines go there, not to the terminal
+        session = (SparkSession.builder.master("local[1]").appName("kafka_batch analysis")
+                   .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+                   .config("spark.driver.memory", "512m").config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .getOrCreate())
+    try:
+        yield session
+    finally:
+        _stop_local(session)
+
+
+def _stop_local(session) -> None:
+    """Stop the local session and its JVM (which lives until its gateway's pipe closes): a spark-submit
+    batch that follows in this process starts a JVM of its own."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    session.stop()
+    if gateway is None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)
+    if process is not None:
+        process.stdin.close()  # the JVM's signal to exit
+        try:
+            process.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - it exits with this process at the latest
+            log.warning("the local Spark session's JVM did not exit within 30 s")
+    SparkContext._gateway = SparkContext._jvm = None
+
+
+@contextmanager
+def _stderr_to(file) -> Iterator[None]:
+    """This process's standard error (file descriptor 2, which the JVM pyspark starts inherits) goes to
+    `file` while the block runs."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _analyzed(conn, definition_hash: str) -> bool:
+    with transaction(conn) as cur:
+        cur.execute("SELECT 1 FROM kafka_batch.analyzed_definitions WHERE hash = %s", (definition_hash,))
+        return cur.fetchone() is not None
+
+
+def _remember(conn, definition_hash: str) -> None:
+    with transaction(conn) as cur:
+        cur.execute("INSERT INTO kafka_batch.analyzed_definitions (hash) VALUES (%s) ON CONFLICT DO NOTHING",
+                    (definition_hash,))
