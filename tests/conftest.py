@@ -138,9 +138,10 @@ def pytest_xdist_make_scheduler(config, log):
 # take units in collection order, so the last ones to start are short and neither worker waits long for
 # the other at the end. Files not listed follow in their usual order.
 LONGEST_FIRST = (
-    "tests/airflow/",  # 380 s: the DAG runs and the console, one after the other on one worker
+    "tests/airflow/",  # 500-600 s: the DAG runs, the console and a backfill, one after the other on one worker
     "tests/integration/test_chaos.py",  # 250-280 s
-    "tests/integration/test_failover.py",  # 250-300 s: a three-node cluster of its own
+    "tests/integration/test_failover.py",  # 300-350 s: a three-node cluster of its own
+    "tests/integration/test_failover_hang.py",  # 100 s: a three-node cluster of its own
     "tests/integration/test_broker_kills.py",  # 120 s
     "tests/integration/test_operations.py",  # 130 s
     "tests/integration/test_end_to_end.py",  # 120 s

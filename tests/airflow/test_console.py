@@ -1,6 +1,7 @@
 """The console page (an Airflow 3 plugin) in a real Airflow started as `make airflow` starts it: who may
 read it, what it says when a broker does not answer, that no response holds a connection detail, that a
-DAG triggered through the API runs through the scheduler with nothing listening beyond loopback, and
+DAG triggered through the API runs through the scheduler with nothing listening beyond loopback, that
+Airflow's backfill API reads a time-planned pipeline's new intervals and recomputes a committed one, and
 (marker `browser`) that a real browser logged in to Airflow shows the positions, lag and batches that
 Postgres and Kafka hold.
 """
@@ -14,6 +15,7 @@ import shutil
 import time
 import urllib.parse
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -32,9 +34,11 @@ from tests.integration.helpers import (
     new_pipeline,
     positions,
     query,
+    records_by_partition,
     run_cli,
     run_dag,
     table_contents,
+    update_pipeline,
 )
 
 pytestmark = pytest.mark.integration
@@ -173,17 +177,23 @@ def _loopback(address: str) -> bool:
     return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
 
 
+def _unpaused(server, token: str, dag_id: str) -> str:
+    """The new pipeline's DAG, once the dag-processor parsed its file, unpaused; its API path."""
+    dag = f"api/v2/dags/{dag_id}"
+    deadline = time.monotonic() + 120
+    while server.get(dag, token=token)[0] != 200:
+        assert time.monotonic() < deadline, "the DAG of the new pipeline was never parsed"
+        time.sleep(2)
+    assert server.call("PATCH", dag, {"is_paused": False}, token=token)[0] == 200
+    return dag
+
+
 def test_a_dag_triggered_through_the_api_runs_on_the_scheduler_listening_on_loopback_only(server, services):
     pipeline = new_pipeline("consoledag", partitions=2, spark_submit=True)
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 400, seed=95)
     token = server.token()
-    dag = f"api/v2/dags/{pipeline.dag_id}"
-    deadline = time.monotonic() + 120
-    while server.get(dag, token=token)[0] != 200:  # the dag-processor parses the new file
-        assert time.monotonic() < deadline, "the DAG of the new pipeline was never parsed"
-        time.sleep(2)
-    assert server.call("PATCH", dag, {"is_paused": False}, token=token)[0] == 200
+    dag = _unpaused(server, token, pipeline.dag_id)
     status, body = server.call("POST", dag + "/dagRuns", {"logical_date": None}, token=token)
     assert status == 200, body
     run = f"{dag}/dagRuns/{json.loads(body)['dag_run_id']}"
@@ -211,6 +221,78 @@ def test_a_dag_triggered_through_the_api_runs_on_the_scheduler_listening_on_loop
     # The run's Spark driver was seen listening (the check looked while it ran), and on loopback only.
     assert any(name == "java" for name, _, _ in sockets), sockets
     assert {s for s in sockets if not _loopback(s[1])} == set(), sockets
+
+
+def _wait_for_runs(server, token: str, dag_id: str, count: int, timeout: float = 600) -> list[dict]:
+    """The DAG's runs once `count` of them ended, each a success."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = json.loads(server.get(f"api/v2/dags/{dag_id}/dagRuns?limit=100", token=token)[1])["dag_runs"]
+        ended = [r for r in runs if r["state"] in ("success", "failed")]
+        if len(ended) >= count and len(ended) == len(runs):
+            assert all(r["state"] == "success" for r in runs), runs
+            return runs
+        assert time.monotonic() < deadline, runs
+        time.sleep(1)
+
+
+def test_airflows_backfill_of_a_pipeline_planned_by_time_reads_new_intervals_and_recomputes_exactly_one(
+        server, services):
+    # Through Airflow's own backfill API and scheduler. The schedule fires at four past hours only: the one
+    # run the scheduler makes itself (catchup off, when the DAG is unpaused) is of the last of them, before
+    # any record, and none comes while the test runs; the records are in the first two.
+    hour = 3_600_000
+    h0 = (int(time.time() * 1000) // hour - 5) * hour
+    hours = ",".join(str((h0 // hour + n) % 24) for n in range(4))
+    pipeline = new_pipeline("backfill", plan_by="time", schedule=f"0 {hours} * * *")
+    topic = pipeline.topics[0]
+    token = server.token()
+    _unpaused(server, token, pipeline.dag_id)
+    _wait_for_runs(server, token, pipeline.dag_id, 1)  # the scheduler's own run: no record yet
+    for n in range(2):  # 200 records in each of two hours, 15 s apart
+        sample_data.produce_page_views(kafka_config(), topic, 200, seed=130 + n, start_ms=h0 + n * hour,
+                                       spacing_ms=15_000)
+
+    def backfill(start_ms: int, end_ms: int, reprocess: str) -> None:
+        """A backfill through Airflow's API, waited for until Airflow says it completed."""
+        at = [datetime.fromtimestamp(ms / 1000, UTC).isoformat() for ms in (start_ms, end_ms)]
+        status, body = server.call("POST", "api/v2/backfills", {
+            "dag_id": pipeline.dag_id, "from_date": at[0], "to_date": at[1], "reprocess_behavior": reprocess,
+            "max_active_runs": 1}, token=token)
+        assert status == 200, body
+        backfill_id = json.loads(body)["id"]
+        deadline = time.monotonic() + 600
+        while not json.loads(server.get(f"api/v2/backfills/{backfill_id}", token=token)[1]).get("completed_at"):
+            assert time.monotonic() < deadline, batches_of(pipeline.name)
+            time.sleep(1)
+
+    # The two intervals not read yet: read in order, a batch each, up to each interval's end.
+    backfill(h0, h0 + hour, "none")
+    _wait_for_runs(server, token, pipeline.dag_id, 3)
+    assert table_contents(pipeline) == ground_truth(topic)
+    batches = query("SELECT id, kind, status FROM kafka_batch.batches WHERE pipeline = %s AND status = 'committed'"
+                    " ORDER BY id", pipeline.name)
+    assert [kind for _, kind, _ in batches] == ["batch", "batch"]
+    second = batches[1][0]
+    second_hour = query("SELECT partition, from_offset, until_offset FROM kafka_batch.batch_ranges WHERE batch_id = %s"
+                        " ORDER BY partition", second)
+    records = records_by_partition(topic)
+    assert second_hour == [(p, next(o for o, ts in rs if ts >= h0 + hour), rs[-1][0] + 1)
+                           for p, rs in sorted(records.items()) if rs]  # exactly the second hour's records
+
+    # The definition changes (a view now counts twice); a backfill of the second hour, completed runs
+    # included, recomputes exactly its range with it: the first hour's totals stay as they were.
+    good = pipeline.definition["sinks"]
+    pipeline = update_pipeline(pipeline.name, sinks={**good, "aggregate": {**good["aggregate"], "measures": {
+        **good["aggregate"]["measures"], "views": "2"}}})
+    backfill(h0 + hour, h0 + hour, "completed")  # its tasks parse the pipeline's file as it is now
+    _wait_for_runs(server, token, pipeline.dag_id, 3)
+    [(replay,)] = query("SELECT id FROM kafka_batch.batches WHERE pipeline = %s AND kind = 'replay'", pipeline.name)
+    assert query("SELECT partition, from_offset, until_offset FROM kafka_batch.batch_ranges WHERE batch_id = %s"
+                 " ORDER BY partition", replay) == second_hour
+    second_hours = ground_truth(topic, select=lambda p, o: any(p == q and a <= o < b for q, a, b in second_hour))
+    assert table_contents(pipeline) == {key: (views + second_hours.get(key, (0, 0))[0], duration)
+                                        for key, (views, duration) in ground_truth(topic).items()}
 
 
 def _last_stable_offsets(topic: str, partitions: list[int]) -> dict[int, int]:

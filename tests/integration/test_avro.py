@@ -296,6 +296,7 @@ def test_a_registry_that_is_down_fails_the_batch_and_the_retry_commits_once(serv
     topic = pipeline.topics[0]
     produce_orders(topic, 200, url=registry.url(), seed=6)
     env = _connection(conn_id, registry.url())
+    run_cli("validate", "--pipeline", pipeline.name, env=env)  # analyzed: the batch's own read meets the outage
     registry.stop()
     failed = run_cli("run", "--pipeline", pipeline.name, check=False, env=env)
     assert failed.returncode == 4, failed.stderr
@@ -314,6 +315,7 @@ def test_wrong_registry_credentials_are_one_line_exit_2_and_nothing_is_committed
     pipeline = avro_pipeline("avro_auth", connections={"schema_registry": conn_id})
     topic = pipeline.topics[0]
     produce_orders(topic, 50, url=registry.url("reader:right"), seed=7)
+    run_cli("validate", "--pipeline", pipeline.name, env=_connection(conn_id, registry.url("reader:right")))
     failed = run_cli("run", "--pipeline", pipeline.name, check=False,
                      env=_connection(conn_id, registry.url("reader:wrong")))
     assert failed.returncode == 2, failed.stderr

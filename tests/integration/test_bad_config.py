@@ -85,6 +85,7 @@ def test_a_spark_connect_server_that_does_not_answer_is_one_line_retryable_and_c
         pytest.skip("the services were given by address: no Spark Connect server of the suite's own")
     topic = pipeline.topics[0]
     sample_data.produce_page_views(kafka_config(), topic, 100, seed=3)
+    run_cli("validate", "--pipeline", pipeline.name)  # analyzed: the batch's own session meets the outage
     dead = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
         {"conn_type": "spark_connect", "host": "127.0.0.1", "port": free_port()})}
     result = run_cli("run", "--pipeline", pipeline.name, "--run-id", "down", check=False, env=dead)

@@ -42,16 +42,19 @@ PLAN_BY_DOCS = {
                 "next records, not its interval's): to recompute committed records use `{replay}` (offsets or "
                 "times), or define the pipeline with `plan_by: time`."),
     "time": ("**Plans by time.** Each run reads the records before the end of its data interval, from the "
-             "committed positions. A Backfill over past intervals recomputes the committed ranges that "
-             "overlap each interval (a replay, never counted twice); intervals not read yet are read in order."),
+             "committed positions. A Backfill reads the intervals not read yet, in order, and recomputes those "
+             "already committed (their runs again, or the committed ranges that overlap them: a replay, never "
+             "counted twice), with the definition in force."),
 }
+
+
+def _is_backfill(dag_run) -> bool:
+    return dag_run is not None and str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill"
 
 
 def _refuse_offsets_backfill(pipeline: Pipeline, dag_run) -> None:
     """A backfill run of a pipeline planned by offsets: one line that says what to use instead."""
-    if pipeline.plan_by != "offsets" or dag_run is None:
-        return
-    if str(getattr(dag_run.run_type, "value", dag_run.run_type)) != "backfill":
+    if pipeline.plan_by != "offsets" or not _is_backfill(dag_run):
         return
     raise InputError(
         f"pipeline {pipeline.name!r} plans by offsets: a run reads the records after the committed positions"
@@ -188,7 +191,10 @@ def _plan_next(pipeline: Pipeline, params: dict, run_id: str, dag_run=None, data
         else:
             batch = planning.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
                                         publish_config=_publish_config(pipeline))
-        if batch.status == "committed" and params["recompute"]:
+        # A backfill asks for its intervals again: a run of it whose batch committed before recomputes it.
+        if batch.status == "committed" and (params["recompute"] or _is_backfill(dag_run)):
+            log.info("%s: recomputing its committed batch %s", "backfill" if _is_backfill(dag_run) else "recompute",
+                     batch.id)
             batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                dag_id=pipeline.dag_id)
         # Every run reports the lag, with or without work: a lag that grows between runs is seen.

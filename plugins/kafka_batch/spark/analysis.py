@@ -8,15 +8,17 @@ names the file, the field's path, the name and the close ones Spark suggests: ex
 (a typo used to pass planning and fail the batch in Spark, with a JVM trace).
 
 Spark is the pipeline's own: its Spark Connect server (a round trip per question), or for spark-submit
-pipelines a local session started in this process (the JVM's start, seconds). A definition that passed
-is remembered in Postgres by its hash, so only the first plan of each definition pays it. A registry
-schema that changes under an unchanged definition is not analyzed again: a field it dropped fails
-the batch at run time.
+pipelines a local session started in this process (the JVM's start, seconds). A verdict that passed is
+remembered in Postgres by a hash of what it depends on (`analysis_key`), so only the first plan of each
+record layout and set of expressions pays it. A registry schema that changes under an unchanged
+definition is not analyzed again: a field it dropped fails the batch at run time.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -41,14 +43,24 @@ def check_expressions(conn, pipeline: Pipeline, spark: ConnectionFields | None,
     if not pipeline.expressions():
         return
     apply_migrations(conn)
-    if _analyzed(conn, pipeline.definition_hash):
+    key = analysis_key(pipeline)
+    if _analyzed(conn, key):
         return
     registry_config = None if registry is None else connections.schema_registry_config(registry)
     with _session(spark) as session:
         problems = unresolved(session, pipeline, registry_config)
     if problems:
         raise InputError(f"pipeline {pipeline.name!r} ({pipeline.source}): {'; '.join(problems)}")
-    _remember(conn, pipeline.definition_hash)
+    _remember(conn, key)
+
+
+def analysis_key(pipeline: Pipeline) -> str:
+    """What the analyzer's verdict depends on, hashed: the record's section (its fields and their types),
+    each expression with the type it is cast to, and Spark's version; not the name, topics, tables,
+    limits or schedule, so a definition that changes only those is not analyzed again."""
+    subject = {"record": pipeline.definition.get("record"), "spark": _spark_version(),
+               "expressions": sorted({(c.expr, c.spark_type) for _, c in pipeline.expressions()})}
+    return hashlib.sha256(json.dumps(subject, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def unresolved(spark, pipeline: Pipeline, registry_config: dict | None = None) -> list[str]:
@@ -121,6 +133,18 @@ def _quiet() -> Iterator[None]:
     finally:
         for logger, disabled in zip(loggers, saved, strict=True):
             logger.disabled = disabled
+
+
+def _spark_version() -> str:
+    """pyspark's version (the full package, or the client alone), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("pyspark", "pyspark-client"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 @contextmanager
@@ -199,13 +223,13 @@ def _stderr_to(file) -> Iterator[None]:
         os.close(saved)
 
 
-def _analyzed(conn, definition_hash: str) -> bool:
+def _analyzed(conn, key: str) -> bool:
     with transaction(conn) as cur:
-        cur.execute("SELECT 1 FROM kafka_batch.analyzed_definitions WHERE hash = %s", (definition_hash,))
+        cur.execute("SELECT 1 FROM kafka_batch.analyzed_definitions WHERE hash = %s", (key,))
         return cur.fetchone() is not None
 
 
-def _remember(conn, definition_hash: str) -> None:
+def _remember(conn, key: str) -> None:
     with transaction(conn) as cur:
         cur.execute("INSERT INTO kafka_batch.analyzed_definitions (hash) VALUES (%s) ON CONFLICT DO NOTHING",
-                    (definition_hash,))
+                    (key,))
