@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, NewTopic
@@ -256,3 +257,46 @@ def test_the_active_controller_killed_as_a_batch_is_planned(on_cluster):
     sample_data.produce_page_views(on_cluster.config, pipeline.topics[0], 1000, seed=114)
     records_published(pipeline, output, on_cluster)
 
+
+
+def test_what_the_sinks_producer_acknowledged_survives_its_leader_dying_before_the_followers_copied_it(on_cluster):
+    # Why the sink's producer writes with acks=all and idempotence (publish.DURABLE). The followers of a
+    # partition freeze (in sync still: a host that hangs), records are sent to the leader, and the leader
+    # dies; the followers come back and one is elected: it never had what the leader took alone. A record
+    # the producer acknowledged must be in the log, once. With acks=1 the leader acknowledges alone and the
+    # records are lost; without idempotence a retry can write one twice.
+    from confluent_kafka import Producer
+
+    from kafka_batch.kafka.publish import DURABLE
+
+    leader, *followers = (1, 2, 3)
+    topic = f"durable_{uuid.uuid4().hex[:8]}"
+    admin = admin_client(on_cluster.config)
+    for future in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=-1,
+                                                replica_assignment=[[leader, *followers]])]).values():
+        future.result(timeout=60)
+    sample_data.wait_for_topic(admin, topic, 1)
+    deadline = time.monotonic() + 60
+    while on_cluster.in_sync(topic, 0) != [1, 2, 3]:
+        assert time.monotonic() < deadline, on_cluster.in_sync(topic, 0)
+        time.sleep(0.5)
+    acknowledged: list[bytes] = []
+    producer = Producer({**on_cluster.config, **DURABLE, "linger.ms": 5, "message.timeout.ms": 240_000})
+    for node in followers:
+        on_cluster.freeze(node)
+    try:
+        for n in range(500):
+            producer.produce(topic, value=b"%d" % n,
+                             on_delivery=lambda err, msg: err is None and acknowledged.append(msg.value()))
+        waited = time.monotonic() + 5  # what the leader acknowledges while it holds the records alone
+        while time.monotonic() < waited:
+            producer.poll(0.1)
+        on_cluster.kill(leader)
+    finally:
+        on_cluster.thaw()
+    assert producer.flush(240) == 0  # every record delivered or failed within its timeout
+    in_log = [m.value() for m in _committed_messages(topic, [0], on_cluster.config)]
+    assert on_cluster.leader(topic, 0) in followers
+    assert sorted(acknowledged) == sorted(set(acknowledged)) and set(acknowledged) <= set(in_log), (
+        f"{len(set(acknowledged) - set(in_log))} acknowledged records lost")
+    assert len(in_log) == len(set(in_log)) == len(acknowledged) == 500  # each once

@@ -102,6 +102,12 @@ class Message(NamedTuple):
     headers: list[tuple[str, bytes | str]] | None = None
 
 
+# The sink's producer writes with these whatever the connection's extra says: a message counts as written once
+# every in-sync replica has it (a leader that dies before its followers copied it loses nothing acknowledged),
+# and a retried send never writes it twice (tests/integration/test_failover.py shows both).
+DURABLE = {"enable.idempotence": True, "acks": "all"}
+
+
 class Publisher:
     """One attempt's transactional producer for a pipeline's output topic."""
 
@@ -112,10 +118,7 @@ class Publisher:
         self._config = admin_config(config)
         self._timeout = timeout
         self._producer = Producer({
-            # acks=all and idempotence whatever the connection's extra says: a message counts as written once
-            # every in-sync replica has it (a leader that dies before its followers copied it loses nothing
-            # acknowledged), and a retried send never writes it twice.
-            **self._config, "transactional.id": self.transactional_id, "enable.idempotence": True, "acks": "all",
+            **self._config, "transactional.id": self.transactional_id, **DURABLE,
             "transaction.timeout.ms": transaction_timeout_ms, "linger.ms": 5, "logger": LIBRDKAFKA_LOG,
             "message.max.bytes": max(message_max_bytes, 1_000_000),
         })
