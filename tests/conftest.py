@@ -8,6 +8,7 @@ Kafka and Postgres given by address:
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -22,8 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # py4j says at INFO that its gateway closes, at interpreter exit, after pytest has closed the stream its
 # log handler wrote to: a "--- Logging error ---" at the end of the run, about nothing.
 logging.getLogger("py4j").setLevel(logging.WARNING)
-# In-process Airflow (DagBag, Connection parsing) gets a throwaway home, never ~/airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="kafka_batch_airflow_home_"))
+# In-process Airflow (DagBag, Connection parsing) gets a throwaway home, never ~/airflow; the process that
+# made it (xdist's controller: its workers inherit the variable) removes it at exit.
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="kafka_batch_airflow_home_")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # A password the tests look for in logs and XCom. The local Postgres trusts loopback, so it is unused.
 # xdist workers inherit the controller's environment, so every process plants and looks for the same one.

@@ -22,6 +22,7 @@ import enum
 import json
 import logging
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -152,7 +153,10 @@ class Publisher:
             denied = refused(exc.args[0], f"Write on the transactional id {self.transactional_id!r}")
             if denied:
                 raise denied from None
-            raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc) from None
+            # The coordinator may be unable to end the id's last transaction: its markers need the topic's
+            # in-sync replicas too (CONCURRENT_TRANSACTIONS until they are back).
+            raise _service_error(f"could not start the transactional producer {self.transactional_id}", exc,
+                                 self._why()) from None
 
     def check_writable(self) -> None:
         """Before a batch publishes, before anything is read or produced: a topic the user may not write is
@@ -273,9 +277,21 @@ class Publisher:
             return
         for handle, what in ((self._producer, "closing the producer"), (self._group, "closing the publish group")):
             try:
-                self._bounded(handle.close, what)
+                self._bounded(lambda handle=handle: _warnings_logged(handle.close), what)
             except (KafkaException, RuntimeError, Stuck):
                 pass  # closed already, or given up: the broker forgets the client by itself
+
+
+def _warnings_logged(call):
+    """`call()`, the warnings it gives logged instead of printed: confluent-kafka warns on standard error
+    when closing a producer whose transaction it could not abort (the next attempt's init_transactions
+    ends it), and a command's error stays one line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    for warning in caught:
+        log.warning("%s", warning.message)
+    return result
 
 
 def refuse_unpublishable(config: dict[str, Any], pipeline, timeout: float = 30.0) -> None:
