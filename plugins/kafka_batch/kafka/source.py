@@ -70,6 +70,9 @@ _READER_DEFAULTS = {
 }
 # A topic asked for by name that is not there: unknown, or a name Kafka cannot have.
 _NO_SUCH_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_EXCEPTION)
+# A partition's leadership moving: a request answered so is asked again (Kafka calls them retriable).
+_LEADER_MOVING = (KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH, KafkaError.NOT_LEADER_FOR_PARTITION,
+                  KafkaError.LEADER_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE)
 _ADMIN_KEYS_IGNORED = {"group.id", "isolation.level", "enable.auto.commit", "auto.offset.reset"}
 _ACL_HINT = "`kafka-batch acls --pipeline <name>` prints those a pipeline needs"
 _AUTHORIZATION_FAILED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
@@ -290,7 +293,8 @@ class KafkaOffsets:
     def _listed(self, partitions: list[tuple[str, int]], spec: OffsetSpec,
                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[tuple[str, int], Any]:
         """One answer (offset, leader epoch) per partition. A partition whose leader died is answered with no offset
-        (OFFSET_INVALID), not an error, as long as the client's metadata names that leader: its topic's
+        (OFFSET_INVALID), not an error, as long as the client's metadata names that leader (or, while the
+        leadership moves, with a retriable error such as "Leader epoch is newer than broker epoch"): its topic's
         metadata is asked for (which refreshes them) and the partition again, until the cluster has elected
         another leader (seconds), within the timeout. Each request waits a quarter of it (at least 5 s):
         a dead leader is waited for until the request's timeout."""
@@ -301,17 +305,24 @@ class KafkaOffsets:
             request = {TopicPartition(t, p): spec for t, p in asking}
             wait = max(1.0, min(deadline - time.monotonic(), max(5.0, self._timeout / 4)))
             futures = self._admin.list_offsets(request, isolation_level=isolation, request_timeout=wait)
+            moving: dict[tuple[str, int], str] = {}  # a retriable answer: a leader moving (a newer epoch, ...)
             for tp, future in futures.items():
                 try:
                     result[(tp.topic, tp.partition)] = self._answer(future, f"listing offsets of {tp.topic}[{tp.partition}]")
                 except KafkaException as exc:
+                    if exc.args and (exc.args[0].retriable() or exc.args[0].code() in _LEADER_MOVING):
+                        moving[(tp.topic, tp.partition)] = exc.args[0].str()
+                        continue
                     raise self._unavailable(f"listing offsets of {tp.topic}[{tp.partition}] failed", exc,
                                             f"Describe on topic {tp.topic!r}") from None
-            asking = [tp for tp in asking if result[tp].offset == OFFSET_INVALID]
+            asking = [tp for tp in asking if tp in moving or result[tp].offset == OFFSET_INVALID]
             if not asking:
                 return result
             if time.monotonic() >= deadline:
                 named = ", ".join(f"{t}[{p}]" for t, p in asking[:5]) + (" ..." if len(asking) > 5 else "")
+                if moving:
+                    raise ServiceError(f"listing offsets of {named} failed within {self._timeout:g} s:"
+                                       f" {next(iter(moving.values()))}")
                 raise ServiceError(f"Kafka gave no offset for {named} within {self._timeout:g} s: no leader (a node is"
                                    " down and no in-sync replica took over)")
             time.sleep(0.5)
