@@ -118,16 +118,16 @@ def test_every_param_of_both_forms_is_described_with_an_example_in_the_widget_it
 def test_a_backfill_of_a_pipeline_planned_by_offsets_is_refused_in_one_line_naming_the_replay_dag():
     from types import SimpleNamespace
 
-    from kafka_batch.airflow.dag_factory import PLAN_BY_DOCS, _refuse_offsets_backfill, build_dag
+    from kafka_batch.airflow.dag_factory import PLAN_BY_DOCS, _is_backfill, _refuse_offsets_backfill, build_dag
     from kafka_batch.config import parse_pipeline
     from kafka_batch.errors import InputError
 
     raw = PIPELINES["page_views"].definition
     by_offsets, by_time = parse_pipeline(raw), parse_pipeline({**raw, "plan_by": "time"})
     with pytest.raises(InputError, match=f"trigger {by_offsets.replay_dag_id} \\(offsets or times\\)"):
-        _refuse_offsets_backfill(by_offsets, SimpleNamespace(run_type="backfill"))
+        _refuse_offsets_backfill(by_offsets, _is_backfill(SimpleNamespace(run_type="backfill")))
     for pipeline, run_type in ((by_offsets, "scheduled"), (by_offsets, "manual"), (by_time, "backfill")):
-        _refuse_offsets_backfill(pipeline, SimpleNamespace(run_type=run_type))
+        _refuse_offsets_backfill(pipeline, _is_backfill(SimpleNamespace(run_type=run_type)))
     assert "**Plans by offsets.**" in build_dag(by_offsets).doc_md and "**Plans by time.**" in build_dag(by_time).doc_md
     assert PLAN_BY_DOCS.keys() == {"offsets", "time"}
 

@@ -373,3 +373,20 @@ def own_spark_connect(directory: Path, conn_id: str, master: str | None = None,
             os.environ[variable] = saved
         left = local_stack.stop_spark_connect(server)
         assert not left, f"the Spark Connect server survived SIGKILL: {left}"
+
+
+def nothing_stored(pipeline) -> None:
+    """Nothing of the pipeline in Postgres: no row, no batch, no sink table."""
+    assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
+    assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name) == [(0,)]
+    assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
+
+
+def one_line_error(result, exit_code: int, *words: str) -> str:
+    """A command's error: its exit code and one line on stderr holding `words`, no traceback."""
+    assert result.returncode == exit_code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "%3|" not in result.stderr  # librdkafka's own log lines stay out of the terminal
+    for word in words:
+        assert word in result.stderr, result.stderr
+    return result.stderr

@@ -15,29 +15,14 @@ from tests.integration.helpers import (
     ground_truth,
     kafka_config,
     new_pipeline,
+    nothing_stored,
+    one_line_error,
     positions,
-    query,
     run_cli,
-    sink_table,
     table_contents,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _nothing_stored(pipeline) -> None:
-    assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
-    assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name) == [(0,)]
-    assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
-
-
-def _one_line(result, exit_code: int, *words: str) -> str:
-    assert result.returncode == exit_code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "%3|" not in result.stderr  # librdkafka's own log lines stay out of the terminal
-    for word in words:
-        assert word in result.stderr, result.stderr
-    return result.stderr
 
 
 @pytest.mark.parametrize("service", ["broker", "database"])
@@ -52,8 +37,8 @@ def test_an_unreachable_service_is_one_line_retryable_and_changes_nothing(servic
         dead = {"AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": json.dumps({**postgres, "port": free_port()})}
         words = ("Postgres at 127.0.0.1", "did not answer", "(database kafka_batch)")
     result = run_cli("run", "--pipeline", pipeline.name, check=False, env=dead)
-    _one_line(result, 4, "unavailable:", *words)
-    _nothing_stored(pipeline)
+    one_line_error(result, 4, "unavailable:", *words)
+    nothing_stored(pipeline)
 
 
 def test_wrong_credentials_are_bad_input_never_retried(services):
@@ -63,9 +48,9 @@ def test_wrong_credentials_are_bad_input_never_retried(services):
     postgres = json.loads(services["AIRFLOW_CONN_KAFKA_BATCH_POSTGRES"])
     wrong = json.dumps({**postgres, "login": "nobody_here"})
     result = run_cli("run", "--pipeline", pipeline.name, check=False, env={"AIRFLOW_CONN_KAFKA_BATCH_POSTGRES": wrong})
-    text = _one_line(result, 2, "invalid input:", "refused the connection", 'role "nobody_here" does not exist')
+    text = one_line_error(result, 2, "invalid input:", "refused the connection", 'role "nobody_here" does not exist')
     assert postgres.get("password", "unused") not in text
-    _nothing_stored(pipeline)
+    nothing_stored(pipeline)
 
 
 def test_a_pipeline_file_with_an_unknown_field_is_named_and_changes_nothing(services):
@@ -75,8 +60,8 @@ def test_a_pipeline_file_with_an_unknown_field_is_named_and_changes_nothing(serv
     with open(path, "w") as f:
         yaml.safe_dump({**definition, "colour": "blue"}, f)
     result = run_cli("run", "--pipeline", pipeline.name, check=False)
-    _one_line(result, 2, "invalid input:", "unknown key(s) ['colour']")
-    _nothing_stored(pipeline)
+    one_line_error(result, 2, "invalid input:", "unknown key(s) ['colour']")
+    nothing_stored(pipeline)
 
 
 def test_a_spark_connect_server_that_does_not_answer_is_one_line_retryable_and_commits_nothing(services):
@@ -89,7 +74,7 @@ def test_a_spark_connect_server_that_does_not_answer_is_one_line_retryable_and_c
     dead = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
         {"conn_type": "spark_connect", "host": "127.0.0.1", "port": free_port()})}
     result = run_cli("run", "--pipeline", pipeline.name, "--run-id", "down", check=False, env=dead)
-    _one_line(result, 4, "unavailable:", "Spark Connect (spark_connect_default) did not answer at 127.0.0.1:")
+    one_line_error(result, 4, "unavailable:", "Spark Connect (spark_connect_default) did not answer at 127.0.0.1:")
     assert positions(pipeline.name) == {(topic, 0): 0} and table_contents(pipeline) == {}
     run_cli("run", "--pipeline", pipeline.name, "--run-id", "down")  # the retry, the server back: committed once
     assert table_contents(pipeline) == ground_truth(topic) and positions(pipeline.name) == {(topic, 0): 100}

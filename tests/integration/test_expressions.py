@@ -16,9 +16,10 @@ from tests.integration.helpers import (
     ground_truth,
     kafka_config,
     new_pipeline,
+    nothing_stored,
+    one_line_error,
     query,
     run_cli,
-    sink_table,
     table_contents,
     update_pipeline,
 )
@@ -30,14 +31,9 @@ TOPIC = "topic"  # a sink's messages need an existing topic only once a batch ru
 
 def _refused(pipeline, *words: str, command: tuple[str, ...] = ("run",)) -> str:
     result = run_cli(*command, "--pipeline", pipeline.name, check=False)
-    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    for word in (f"pipeline {pipeline.name!r} ({pipeline.source})", *words):
-        assert word in result.stderr, result.stderr
-    assert query("SELECT count(*) FROM kafka_batch.batches WHERE pipeline = %s", pipeline.name) == [(0,)]
-    assert query("SELECT count(*) FROM kafka_batch.pipelines WHERE name = %s", pipeline.name) == [(0,)]
-    assert query("SELECT to_regclass(%s)", f"public.{sink_table(pipeline, 'aggregate')}") == [(None,)]
-    return result.stderr
+    said = one_line_error(result, 2, f"pipeline {pipeline.name!r} ({pipeline.source})", *words)
+    nothing_stored(pipeline)
+    return said
 
 
 # Each place a definition holds an expression, a mistake there, and what the line must say.

@@ -52,9 +52,9 @@ def _is_backfill(dag_run) -> bool:
     return dag_run is not None and str(getattr(dag_run.run_type, "value", dag_run.run_type)) == "backfill"
 
 
-def _refuse_offsets_backfill(pipeline: Pipeline, dag_run) -> None:
+def _refuse_offsets_backfill(pipeline: Pipeline, backfill: bool) -> None:
     """A backfill run of a pipeline planned by offsets: one line that says what to use instead."""
-    if pipeline.plan_by != "offsets" or not _is_backfill(dag_run):
+    if pipeline.plan_by != "offsets" or not backfill:
         return
     raise InputError(
         f"pipeline {pipeline.name!r} plans by offsets: a run reads the records after the committed positions"
@@ -104,8 +104,8 @@ def _services(pipeline: Pipeline):
 
 
 def _analyze(conn, pipeline: Pipeline) -> None:
-    """The definition's expressions resolved by Spark's analyzer before anything is planned (once per
-    definition: kafka_batch.spark.analysis), on the Spark the execute task would use."""
+    """The definition's expressions resolved by Spark's analyzer before anything is planned (once for each
+    record layout and set of expressions: kafka_batch.spark.analysis), on the Spark the execute task would use."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     from kafka_batch import connections
@@ -170,7 +170,8 @@ def _plan_next(pipeline: Pipeline, params: dict, run_id: str, dag_run=None, data
     """Persist this run's ranges; a retry or clear of the run gets the same batch back."""
     from kafka_batch.core import planning
 
-    _refuse_offsets_backfill(pipeline, dag_run)
+    backfill = _is_backfill(dag_run)
+    _refuse_offsets_backfill(pipeline, backfill)
     limited = pipeline.with_limits(
         max_records_per_partition=params["max_records_per_partition"],
         max_records_per_batch=params["max_records_per_batch"],
@@ -192,9 +193,8 @@ def _plan_next(pipeline: Pipeline, params: dict, run_id: str, dag_run=None, data
             batch = planning.plan_batch(conn, kafka, limited, run_id=run_id, dag_id=pipeline.dag_id,
                                         publish_config=_publish_config(pipeline))
         # A backfill asks for its intervals again: a run of it whose batch committed before recomputes it.
-        if batch.status == "committed" and (params["recompute"] or _is_backfill(dag_run)):
-            log.info("%s: recomputing its committed batch %s", "backfill" if _is_backfill(dag_run) else "recompute",
-                     batch.id)
+        if batch.status == "committed" and (params["recompute"] or backfill):
+            log.info("%s: recomputing its committed batch %s", "backfill" if backfill else "recompute", batch.id)
             batch = planning.recompute_batch(conn, pipeline, batch, requested_by=f"airflow:{run_id}",
                                                dag_id=pipeline.dag_id)
         # Every run reports the lag, with or without work: a lag that grows between runs is seen.

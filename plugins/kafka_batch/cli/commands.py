@@ -94,8 +94,8 @@ def _registry_connection(pipeline) -> connections.ConnectionFields | None:
 
 
 def _analyze(conn, pipeline) -> None:
-    """The definition's expressions resolved by Spark's analyzer before anything is planned (once per
-    definition: kafka_batch.spark.analysis)."""
+    """The definition's expressions resolved by Spark's analyzer before anything is planned (once for each
+    record layout and set of expressions: kafka_batch.spark.analysis)."""
     from kafka_batch.spark import analysis
 
     analysis.check_expressions(conn, pipeline, _spark_connection(pipeline), _registry_connection(pipeline))
@@ -144,9 +144,9 @@ def _spark_output(pipeline_name: str, batch_id: int, verbose: bool) -> Iterator[
     project.handlers, project.propagate = [in_process_to_file, _JobLines()], False
     project.setLevel(logging.INFO)
     # pyspark's own (a Spark Connect batch runs here): each error it raises, logged with its traces.
-    from pyspark.logger import PySparkLogger
+    from kafka_batch.spark.analysis import pyspark_error_loggers
 
-    spark_loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    spark_loggers = pyspark_error_loggers()
     spark_saved = [spark_logger.handlers for spark_logger in spark_loggers]
     for spark_logger in spark_loggers:
         spark_logger.handlers = [in_process_to_file]
@@ -187,7 +187,7 @@ def cmd_plan(args) -> int:
 
 def cmd_validate(args) -> int:
     """The pipeline's file and its expressions, checked as its first plan checks them (Spark's analyzer,
-    kafka_batch.spark.analysis); nothing is planned. Postgres remembers a definition that passed."""
+    kafka_batch.spark.analysis); nothing is planned. Postgres remembers a verdict that passed."""
     pipeline = load_pipeline(args.pipeline)
     conn = _postgres(pipeline.connections.postgres)
     try:

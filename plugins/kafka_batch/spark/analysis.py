@@ -28,7 +28,7 @@ from kafka_batch import connections
 from kafka_batch.config import Pipeline, log_dir
 from kafka_batch.connections import ConnectionFields
 from kafka_batch.core.database import apply_migrations, transaction
-from kafka_batch.errors import InputError
+from kafka_batch.errors import InputError, without_traces
 
 log = logging.getLogger("kafka_batch.analysis")
 
@@ -112,19 +112,14 @@ def _said(expression: str, exc) -> str:
         close = close[:CLOSE_NAMES]
         return (f"{name}{where} is not a field or metadata column of the record"
                 + (f" (close: {', '.join(close)})" if close else ""))
-    first = (str(exc).strip().splitlines() or [condition])[0]
-    first = re.sub(r"^\[[A-Z_.]+\]\s*|\s*SQLSTATE: \w+", "", first).strip()
+    first = re.sub(r"^\[[A-Z_.]+\]\s*", "", without_traces((str(exc).strip().splitlines() or [condition])[0]))
     return f"{expression!r}: {first[:1].lower()}{first[1:]}"
 
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """pyspark logs every analysis error it raises, with the JVM's trace: the caller says it in one line.
-    Its loggers are made as pyspark makes them (PySparkLogger: a plain Logger made first under their names
-    fails pyspark's later calls, which pass keywords only PySparkLogger takes)."""
-    from pyspark.logger import PySparkLogger
-
-    loggers = [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
+    """pyspark logs every analysis error it raises, with the JVM's trace: the caller says it in one line."""
+    loggers = pyspark_error_loggers()
     saved = [logger.disabled for logger in loggers]
     for logger in loggers:
         logger.disabled = True
@@ -133,6 +128,15 @@ def _quiet() -> Iterator[None]:
     finally:
         for logger, disabled in zip(loggers, saved, strict=True):
             logger.disabled = disabled
+
+
+def pyspark_error_loggers() -> list[logging.Logger]:
+    """pyspark's loggers of the errors it raises (each logged with its traces), made as pyspark makes them:
+    a plain Logger made first under their names fails pyspark's later calls, which pass keywords only
+    PySparkLogger takes."""
+    from pyspark.logger import PySparkLogger
+
+    return [PySparkLogger.getLogger(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")]
 
 
 def _spark_version() -> str:
