@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import time
 import urllib.parse
@@ -399,6 +400,19 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
             shot = Path(os.environ.get("KAFKA_BATCH_CONSOLE_SCREENSHOT") or tmp_path / "console.png")
             page.screenshot(path=str(shot))
             assert shot.stat().st_size < 200_000
+
+            # Times as Airflow shows them: 24-hour, in the timezone chosen in Airflow's UI (kept in local
+            # storage); a zone the browser does not know is the browser's own, not a console that breaks
+            # (Airflow's own page does not load then: the console is opened alone).
+            for chosen, opened in (("Asia/Tokyo", "plugin/kafka-batch"), ("Not/A_Zone", "kafka-batch/")):
+                page.evaluate("zone => localStorage.setItem('timezone', JSON.stringify(zone))", chosen)
+                page.goto(server.url + opened)
+                frame = page.frame_locator("iframe[title='Kafka batches']") if opened.startswith("plugin") else page
+                frame.locator("body[data-loaded]").wait_for(state="attached")
+                shown = re.fullmatch(r"as of ([01]\d|2[0-3]):[0-5]\d:[0-5]\d (\S+)", frame.locator("#updated").inner_text())
+                assert shown and (shown[2] == chosen) == (chosen == "Asia/Tokyo"), shown
+                assert frame.locator(f"#pipelines tr[data-pipeline='{good.name}']").count() == 1
+            page.evaluate("localStorage.removeItem('timezone')")
 
             # Its links open Airflow's pages in Airflow's window (the iframe may not navigate the top one):
             # the pipeline's DAG, the DAG run of a batch, the replay DAG (whose Trigger takes the params).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,25 +24,29 @@ FAB = {"AIRFLOW__CORE__AUTH_MANAGER": "airflow.providers.fab.auth_manager.fab_au
 
 
 @pytest.fixture(scope="module")
-def teams(services):
+def teams(services, tmp_path_factory):
     """Two pipelines with a committed batch and some lag each; users alice and bob, each in a role that
     may read one of their DAGs (FAB's per-DAG permission), and an Airflow serving them."""
-    pipelines = {}
-    for user, records in (("alice", 120), ("bob", 80)):
-        pipeline = pipelines[user] = new_pipeline(f"team_{user}", partitions=1)
-        sample_data.produce_page_views(kafka_config(), pipeline.topics[0], records, seed=len(user))
-        run_cli("run", "--pipeline", pipeline.name)
-        sample_data.produce_page_views(kafka_config(), pipeline.topics[0], records // 4, seed=7)  # the lag
-    run_airflow("db", "migrate", env=FAB)  # FAB's own tables
-    run_airflow("dags", "reserialize")
-    run_airflow("sync-perm", "--include-dags", env=FAB)  # a permission resource per DAG
-    password = secrets.token_urlsafe(12)
-    for user, pipeline in pipelines.items():
-        role = f"reads_{pipeline.name}"
-        run_airflow("roles", "create", role, env=FAB)
-        run_airflow("roles", "add-perms", role, "-a", "can_read", "-r", f"DAG:{pipeline.dag_id}", env=FAB)
-        run_airflow("users", "create", "--username", user, "--password", password, "--role", role,
-                    "--firstname", user, "--lastname", "test", "--email", f"{user}@example.com", env=FAB)
+    with ThreadPoolExecutor() as pool:  # each airflow command spends seconds importing Airflow: those that
+        migrated = pool.submit(run_airflow, "db", "migrate", env=FAB)  # do not depend on each other overlap
+        pipelines = {}
+        for user, records in (("alice", 120), ("bob", 80)):
+            pipeline = pipelines[user] = new_pipeline(f"team_{user}", partitions=1)
+            sample_data.produce_page_views(kafka_config(), pipeline.topics[0], records, seed=len(user))
+            run_cli("run", "--pipeline", pipeline.name)
+            sample_data.produce_page_views(kafka_config(), pipeline.topics[0], records // 4, seed=7)  # the lag
+        migrated.result()  # FAB's own tables
+        run_airflow("dags", "reserialize")
+        run_airflow("sync-perm", "--include-dags", env=FAB)  # a permission resource per DAG
+        roles = tmp_path_factory.mktemp("fab") / "roles.json"
+        roles.write_text(json.dumps([{"name": f"reads_{p.name}", "resource": f"DAG:{p.dag_id}", "action": "can_read"}
+                                     for p in pipelines.values()]))
+        run_airflow("roles", "import", str(roles), env=FAB)
+        password = secrets.token_urlsafe(12)
+        for created in [pool.submit(run_airflow, "users", "create", "--username", user, "--password", password,
+                                    "--role", f"reads_{pipeline.name}", "--firstname", user, "--lastname", "test",
+                                    "--email", f"{user}@example.com", env=FAB) for user, pipeline in pipelines.items()]:
+            created.result()
     with airflow_alone(), airflow(FAB) as server:
         yield {user: Server(server.url, user, password, server.log) for user in pipelines}, pipelines
 

@@ -280,10 +280,12 @@ def run_airflow(*args: str, check: bool = True, env: dict[str, str] | None = Non
     return _checked(result, f"airflow {' '.join(args)}", check)
 
 
-def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`kafka-batch ...` in a subprocess, with the test services' environment (and `env` over it)."""
     cli = str(Path(sys.executable).parent / "kafka-batch")
-    result = subprocess.run([cli, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+    result = subprocess.run([cli, *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                            cwd=cwd)
     outputs = Path(os.environ["KAFKA_BATCH_LOG_DIR"])
     outputs.mkdir(parents=True, exist_ok=True)
     with open(outputs / "cli-output.log", "a") as log:  # searched for the planted secret at the end (conftest)

@@ -32,6 +32,7 @@ from tests.integration.helpers import (
     own_spark_connect,
     run_cli,
     table_contents,
+    update_pipeline,
 )
 
 pytestmark = pytest.mark.integration
@@ -61,9 +62,10 @@ def test_the_next_batch_stops_and_uncaches_what_a_killed_attempt_left_on_the_ser
     with own_spark_connect(tmp_path, "spark_connect_own", extra={"spark.ui.enabled": "true", "spark.ui.port": ui}):
         output = f"connectkill_{uuid.uuid4().hex[:8]}_out"
         create_topic(output, 1)
-        # An aggregate and a Kafka sink: both compute from one cached read. Small tasks make a long run.
+        # An aggregate and a Kafka sink: both compute from one cached read. A thousand small tasks make a
+        # run that outlasts the next one's start, however loaded the machine (200 did not, under load).
         pipeline = new_pipeline("connectkill", partitions=2, connections={"spark": "spark_connect_own"},
-                                limits={"max_records_per_task": 100},
+                                limits={"max_records_per_task": 20},
                                 sinks={"kafka": {"topic": output, "value": {"page": "page"}, "headers": []}})
         topic = pipeline.topics[0]
         sample_data.produce_page_views(kafka_config(), topic, 20_000, seed=95)
@@ -86,7 +88,9 @@ def test_the_next_batch_stops_and_uncaches_what_a_killed_attempt_left_on_the_ser
         assert killed
         assert _api(ui, f"applications/{app['id']}/storage/rdd")
 
-        # The next run supersedes the killed batch (it never published) and plans the same records anew.
+        # The next run supersedes the killed batch (it never published) and plans the same records anew,
+        # in tasks of the usual size.
+        pipeline = update_pipeline(pipeline.name, limits={"max_records_per_task": 1_000_000})
         retry = run_cli("run", "--pipeline", pipeline.name, "--verbose")
         # The killed attempt's read was interrupted (not run to its end), and nothing stays cached.
         jobs = _batch_jobs(ui, app["id"], batch_id)

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.integration
 TOPIC = "topic"  # a sink's messages need an existing topic only once a batch runs: never here
 
 
-def _refused(pipeline, *words: str, command: tuple[str, ...] = ("run",)) -> str:
-    result = run_cli(*command, "--pipeline", pipeline.name, check=False)
+def _refused(pipeline, *words: str, command: tuple[str, ...] = ("run",), cwd: Path | None = None) -> str:
+    result = run_cli(*command, "--pipeline", pipeline.name, check=False, cwd=cwd)
     said = one_line_error(result, 2, f"pipeline {pipeline.name!r} ({pipeline.source})", *words)
     nothing_stored(pipeline)
     return said
@@ -103,12 +103,13 @@ def test_plan_and_its_dry_run_refuse_a_typo_and_the_fixed_definition_runs_exactl
                  analysis_key(pipeline)) == [(1,)]
 
 
-def test_a_spark_submit_pipelines_typo_is_found_by_a_local_session(services):
+def test_a_spark_submit_pipelines_typo_is_found_by_a_local_session(services, tmp_path):
     pipeline = new_pipeline("exprsubmit", partitions=1, spark_submit=True)
     good = pipeline.definition["sinks"]
     pipeline = update_pipeline(pipeline.name, sinks={**good, "aggregate": {**good["aggregate"], "group_by": {
         **good["aggregate"]["group_by"], "page": "pagee"}}})
-    _refused(pipeline, "sinks.aggregate.group_by.page: `pagee` is not a field", "close: `page`")
+    _refused(pipeline, "sinks.aggregate.group_by.page: `pagee` is not a field", "close: `page`", cwd=tmp_path)
+    assert not list(tmp_path.iterdir())  # the local session left nothing where the command ran (spark-warehouse/)
 
 
 @pytest.mark.parametrize("spark_submit", [False, True], ids=["spark-connect", "spark-submit"])

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import re
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -177,16 +178,19 @@ def _session(spark: ConnectionFields | None) -> Iterator:
     output = directory / "analysis-jvm.log"
     log.info("starting a local Spark session to analyze the definition's expressions (its log: %s)", output)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connections' lines, at exit too
-    with open(output, "ab") as jvm_log, _stderr_to(jvm_log):  # the JVM's lines go there, not to the terminal
-        session = (SparkSession.builder.master("local[1]").appName("kafka_batch analysis")
-                   .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-                   .config("spark.driver.memory", "512m").config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.driver.host", "127.0.0.1")
-                   .getOrCreate())
-    try:
-        yield session
-    finally:
-        _stop_local(session)
+    # Its catalog's default database is a directory: a throwaway one, not spark-warehouse/ in the user's
+    # working directory.
+    with tempfile.TemporaryDirectory(prefix="kafka_batch_analysis_") as warehouse:
+        with open(output, "ab") as jvm_log, _stderr_to(jvm_log):  # the JVM's lines go there, not to the terminal
+            session = (SparkSession.builder.master("local[1]").appName("kafka_batch analysis")
+                       .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+                       .config("spark.driver.memory", "512m").config("spark.driver.bindAddress", "127.0.0.1")
+                       .config("spark.driver.host", "127.0.0.1").config("spark.sql.warehouse.dir", warehouse)
+                       .getOrCreate())
+        try:
+            yield session
+        finally:
+            _stop_local(session)
 
 
 def _stop_local(session) -> None:

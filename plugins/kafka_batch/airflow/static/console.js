@@ -43,8 +43,11 @@ function age(iso) {
 function airflowTimezone() {
   try {
     const chosen = JSON.parse(localStorage.getItem("timezone"));
-    if (chosen) return chosen;
-  } catch (error) { /* not set, or not JSON: the browser's */ }
+    if (chosen) {
+      new Intl.DateTimeFormat("en-US", {timeZone: chosen});  // throws for a zone this browser does not know
+      return chosen;
+    }
+  } catch (error) { /* not set, not JSON, or not a zone: the browser's */ }
   return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
 }
 
