@@ -60,9 +60,10 @@ chromium:
 		else echo "Chromium missing at $(CHROMIUM): sudo apt-get install -y chromium (the browser tests need it)"; fi; \
 	fi
 
-# Two pytest-xdist workers share one set of services; a test file stays on one worker, and the tests that
-# run DAGs (tests/airflow) share one (tests/conftest.py).
-TEST_WORKERS ?= 2
+# Three pytest-xdist workers share one set of services on two cores (many tests wait on a broker, a
+# scheduler or a failover more than they compute); a test file stays on one worker, and the tests that run
+# DAGs (tests/airflow) share one (tests/conftest.py).
+TEST_WORKERS ?= 3
 
 test: install chromium
 	$(BIN)/ruff check .

@@ -118,7 +118,7 @@ def _stop_services(base: Path) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-# Under pytest-xdist (`make test` runs two workers) the controller starts the services once, before the
+# Under pytest-xdist (`make test` runs three workers) the controller starts the services once, before the
 # workers, hands their environment to every worker and stops them after the last test.
 _SHARED: dict = {}
 
@@ -138,29 +138,33 @@ def pytest_xdist_make_scheduler(config, log):
     return Scheduling(config, log)
 
 
-# The units of work that take longest, longest first (per-file times of a `pytest -n 2` run): the workers
-# take units in collection order, so the last ones to start are short and neither worker waits long for
-# the other at the end. Files not listed follow in their usual order.
+# The units of work that take longest, longest first (per-file times of a `pytest -n 3` run, `make test`):
+# the workers take units in collection order, so the last ones to start are short and no worker waits long
+# for the others at the end. Files not listed follow in their usual order.
 LONGEST_FIRST = (
-    "tests/airflow/",  # 500-600 s: the DAG runs, the console and a backfill, one after the other on one worker
-    "tests/integration/test_chaos.py",  # 250-280 s
-    "tests/integration/test_failover.py",  # 300-350 s: a three-node cluster of its own
-    "tests/integration/test_failover_hang.py",  # 100 s: a three-node cluster of its own
-    "tests/integration/test_broker_kills.py",  # 120 s
-    "tests/integration/test_operations.py",  # 130 s
-    "tests/integration/test_end_to_end.py",  # 120 s
-    "tests/integration/test_upsert.py",  # 130 s
-    "tests/integration/test_standalone.py",  # 90 s
-    "tests/integration/test_avro.py",  # 75 s
-    "tests/integration/test_expressions.py",  # 150 s: Spark's analyzer, a local session too
-    "tests/integration/test_getting_started.py",  # 70-120 s
-    "tests/integration/test_compaction.py",  # 60 s
-    "tests/integration/test_protobuf.py",  # 35 s
-    "tests/integration/test_kafka_security.py",  # a secured node of its own
+    "tests/airflow/",  # 600-700 s: the DAG runs, the console and a backfill, one after the other on one worker
+    "tests/integration/test_failover.py",  # 500-600 s: a three-node cluster of its own
+    "tests/integration/test_chaos.py",  # 190-250 s
+    "tests/integration/test_broker_kills.py",  # 90-130 s
+    "tests/integration/test_kafka_sink.py",  # 80-100 s
+    "tests/integration/test_failover_hang.py",  # 90 s: a three-node cluster of its own
+    "tests/integration/test_upsert.py",  # 60-90 s
+    "tests/integration/test_kafka_changelog.py",  # 60-85 s
+    "tests/integration/test_standalone.py",  # 70 s: a Spark standalone cluster
+    "tests/integration/test_end_to_end.py",  # 65 s
+    "tests/integration/test_many_partitions.py",  # 60 s
+    "tests/integration/test_kafka_security.py",  # 60 s: a secured node of its own
+    "tests/integration/test_operations.py",  # 55 s
+    "tests/local/test_local_stack.py",  # 50 s
+    "tests/integration/test_expressions.py",  # 50 s: Spark's analyzer, a local session too
+    "tests/integration/test_connect_session.py",  # 45 s: a Spark Connect server of its own
+    "tests/integration/test_avro.py",  # 45-65 s
+    "tests/integration/test_metrics.py",
     "tests/integration/test_retention.py",
-    "tests/integration/test_planning.py",
+    "tests/integration/test_concurrent.py",
     "tests/integration/test_reader.py",
-    "tests/integration/test_fencing.py",
+    "tests/integration/test_getting_started.py",
+    "tests/integration/test_compaction.py",
 )
 
 

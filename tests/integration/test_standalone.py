@@ -74,8 +74,21 @@ def standalone_cluster(directory: Path):
         assert not left, f"cluster processes survived SIGKILL: {left}"
 
 
-def _two_batches_equal_the_topic(pipeline, records: int, seeds: tuple[int, int]) -> None:
-    """Two batches of `records` new page views each, the tables equal to the topic after each."""
+@pytest.fixture(scope="module")
+def cluster(services, tmp_path_factory):
+    """One standalone cluster for the module's tests: (master URL, UI port, the workers' directory)."""
+    directory = tmp_path_factory.mktemp("standalone")
+    with standalone_cluster(directory) as (master, ui):
+        yield master, ui, directory
+
+
+def _executor_logs(directory: Path, worker: int, app_id: str) -> list[Path]:
+    """The stderr of each executor the application ran on the worker."""
+    return list((directory / f"worker{worker}" / app_id).rglob("stderr"))
+
+
+def _batches_equal_the_topic(pipeline, records: int, seeds: tuple[int, ...]) -> None:
+    """A batch of `records` new page views per seed, the tables equal to the topic after each."""
     topic = pipeline.topics[0]
     for seed in seeds:
         sample_data.produce_page_views(kafka_config(), topic, records, seed=seed)
@@ -84,37 +97,40 @@ def _two_batches_equal_the_topic(pipeline, records: int, seeds: tuple[int, int])
         assert rows_contents(pipeline) == rows_truth(topic)
 
 
-def test_batches_on_a_standalone_cluster_equal_the_ground_truth(services, tmp_path, monkeypatch):
-    with standalone_cluster(tmp_path) as (master, ui):
-        host, port = master.rsplit(":", 1)
-        monkeypatch.setenv("AIRFLOW_CONN_SPARK_STANDALONE",
-                           json.dumps({"conn_type": "spark", "host": host, "port": int(port),
-                                       "extra": {"deploy-mode": "client"}}))
-        pipeline = new_pipeline("standalone", partitions=3, rows=True, spark_submit=True,
-                                connections={"spark": "spark_standalone"},
-                                limits={"max_records_per_task": 700, "min_tasks": 2})
-        _two_batches_equal_the_topic(pipeline, records=1500, seeds=(1, 2))
+def test_batches_on_a_standalone_cluster_equal_the_ground_truth(cluster, monkeypatch):
+    master, ui, directory = cluster
+    host, port = master.rsplit(":", 1)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STANDALONE",
+                       json.dumps({"conn_type": "spark", "host": host, "port": int(port),
+                                   "extra": {"deploy-mode": "client"}}))
+    pipeline = new_pipeline("standalone", partitions=3, rows=True, spark_submit=True,
+                            connections={"spark": "spark_standalone"},
+                            limits={"max_records_per_task": 700, "min_tasks": 2})
+    # One batch: each starts an application whose executors start on the workers (about 30 s); the
+    # batch after another is the Spark Connect test's.
+    _batches_equal_the_topic(pipeline, records=1500, seeds=(1,))
 
-        # The batches ran on the cluster: the master lists them, and executors ran on the workers.
-        state = _master_state(ui)
-        apps = state.get("completedapps", []) + state.get("activeapps", [])
-        ours = {f"kafka_batch:batch-{batch[0]}" for batch in batches_of(pipeline.name)}
-        assert len(ours) == 2 and ours <= {a["name"] for a in apps}, apps
-        executors = [path for n in range(WORKERS) for path in (tmp_path / f"worker{n}").rglob("stderr")]
-        assert executors, "no executor ran on the workers"
+    # The batches ran on the cluster: the master lists them, and executors ran on the workers.
+    state = _master_state(ui)
+    ours = {f"kafka_batch:batch-{batch[0]}" for batch in batches_of(pipeline.name)}
+    apps = [a for a in state.get("completedapps", []) + state.get("activeapps", []) if a["name"] in ours]
+    assert len(ours) == 1 and {a["name"] for a in apps} == ours, state
+    assert [path for a in apps for n in range(WORKERS) for path in _executor_logs(directory, n, a["id"])], \
+        "no executor ran on the workers"
 
 
-def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_workers(services, tmp_path, monkeypatch):
+def test_batches_through_spark_connect_on_a_standalone_cluster_read_on_both_workers(cluster, tmp_path, monkeypatch):
     """A Spark Connect server with `--master spark://...`: its executors on both workers read the batch's
     tasks, and the tables equal the ground truth."""
-    with standalone_cluster(tmp_path) as (master, ui), own_spark_connect(tmp_path, "spark_connect_cluster", master):
+    master, ui, directory = cluster
+    with own_spark_connect(tmp_path, "spark_connect_cluster", master):
         pipeline = new_pipeline("standalone_connect", partitions=4, rows=True,
                                 connections={"spark": "spark_connect_cluster"},
                                 limits={"max_records_per_task": 500, "min_tasks": 4})
-        _two_batches_equal_the_topic(pipeline, records=2000, seeds=(3, 4))
+        _batches_equal_the_topic(pipeline, records=2000, seeds=(3, 4))
         # The server is the cluster's application, and its executor on each worker ran read tasks.
         apps = _master_state(ui).get("activeapps", [])
         assert [a["name"] for a in apps] == ["kafka_batch Spark Connect"], apps
         for n in range(WORKERS):
-            logs = "".join(path.read_text() for path in (tmp_path / f"worker{n}").rglob("stderr"))
-            assert "Running task" in logs, f"no task ran on worker {n}"
+            logs = "".join(path.read_text() for path in _executor_logs(directory, n, apps[0]["id"]))
+            assert "Running task" in logs, f"no task of the server's ran on worker {n}"
