@@ -112,6 +112,26 @@ def test_a_spark_submit_pipelines_typo_is_found_by_a_local_session(services, tmp
     assert not list(tmp_path.iterdir())  # the local session left nothing where the command ran (spark-warehouse/)
 
 
+def test_a_local_session_that_does_not_start_ends_the_analysis_within_its_bound(services, monkeypatch):
+    # A JVM that never answers: suspended at its start, waiting for a debugger (pyspark waits for its
+    # port without a bound).
+    import psutil
+
+    from kafka_batch.errors import ServiceError
+    from kafka_batch.spark import analysis
+
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-agentlib:jdwp=transport=dt_socket,server=y,suspend=y,address=127.0.0.1:0")
+    monkeypatch.setattr(analysis, "LOCAL_START_SECONDS", 5)
+    try:
+        with pytest.raises(ServiceError, match="local Spark session that analyzes the expressions did not start "
+                                               "within 5 s"), analysis._session(None):
+            pass
+    finally:
+        for child in psutil.Process().children(recursive=True):
+            if "jdwp" in " ".join(child.cmdline()):
+                child.kill()
+
+
 @pytest.mark.parametrize("spark_submit", [False, True], ids=["spark-connect", "spark-submit"])
 def test_a_failure_spark_meets_at_run_time_is_one_line_naming_its_log_and_a_failed_batch(services, spark_submit):
     # A cast that the analyzer allows and the data refuses (ANSI mode: a page that is no number).

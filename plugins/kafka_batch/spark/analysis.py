@@ -8,7 +8,8 @@ names the file, the field's path, the name and the close ones Spark suggests: ex
 (a typo used to pass planning and fail the batch in Spark, with a JVM trace).
 
 Spark is the pipeline's own: its Spark Connect server (a round trip per question), or for spark-submit
-pipelines a local session started in this process (the JVM's start, seconds). A verdict that passed is
+pipelines a local session started in this process (the JVM's start, seconds; one not started within
+LOCAL_START_SECONDS is a retried service error, since pyspark would wait for it forever). A verdict that passed is
 remembered in Postgres by a hash of what it depends on (`analysis_key`), so only the first plan of each
 record layout and set of expressions pays it. A registry schema that changes under an unchanged
 definition is not analyzed again: a field it dropped fails the batch at run time.
@@ -22,6 +23,7 @@ import json
 import logging
 import re
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,11 +31,14 @@ from kafka_batch import connections
 from kafka_batch.config import Pipeline, log_dir
 from kafka_batch.connections import ConnectionFields
 from kafka_batch.core.database import apply_migrations, transaction
-from kafka_batch.errors import InputError, without_traces
+from kafka_batch.errors import InputError, ServiceError, without_traces
 
 log = logging.getLogger("kafka_batch.analysis")
 
 CLOSE_NAMES = 3  # of Spark's suggestions, the closest
+# A local session starts in seconds (the JVM, Spark's classes); one that has not started in two minutes
+# will not.
+LOCAL_START_SECONDS = 120
 
 
 def check_expressions(conn, pipeline: Pipeline, spark: ConnectionFields | None,
@@ -181,16 +186,39 @@ def _session(spark: ConnectionFields | None) -> Iterator:
     # Its catalog's default database is a directory: a throwaway one, not spark-warehouse/ in the user's
     # working directory.
     with tempfile.TemporaryDirectory(prefix="kafka_batch_analysis_") as warehouse:
+        builder = (SparkSession.builder.master("local[1]").appName("kafka_batch analysis")
+                   .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+                   .config("spark.driver.memory", "512m").config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1").config("spark.sql.warehouse.dir", warehouse))
         with open(output, "ab") as jvm_log, _stderr_to(jvm_log):  # the JVM's lines go there, not to the terminal
-            session = (SparkSession.builder.master("local[1]").appName("kafka_batch analysis")
-                       .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-                       .config("spark.driver.memory", "512m").config("spark.driver.bindAddress", "127.0.0.1")
-                       .config("spark.driver.host", "127.0.0.1").config("spark.sql.warehouse.dir", warehouse)
-                       .getOrCreate())
+            session = _started(builder, output)
         try:
             yield session
         finally:
             _stop_local(session)
+
+
+def _started(builder, output) -> object:
+    """The local session, or a retried service error once LOCAL_START_SECONDS have passed: pyspark waits
+    for the JVM it launched without a bound. A session still starting then is left to a daemon thread;
+    its JVM ends with this process (it exits when its standard input, a pipe from here, closes)."""
+    started: dict = {}
+
+    def start() -> None:
+        try:
+            started["session"] = builder.getOrCreate()
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            started["error"] = exc
+
+    thread = threading.Thread(target=start, name="kafka_batch-local-spark", daemon=True)
+    thread.start()
+    thread.join(LOCAL_START_SECONDS)
+    if thread.is_alive():
+        raise ServiceError(f"the local Spark session that analyzes the expressions did not start within "
+                           f"{LOCAL_START_SECONDS} s (its log: {output})")
+    if "error" in started:
+        raise started["error"]
+    return started["session"]
 
 
 def _stop_local(session) -> None:
