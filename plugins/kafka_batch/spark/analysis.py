@@ -9,9 +9,9 @@ names the file, the field's path, the name and the close ones Spark suggests: ex
 
 Spark is the pipeline's own: its Spark Connect server (a round trip per question), or for spark-submit
 pipelines a local session started in this process (the JVM's start, seconds; one not started within
-LOCAL_START_SECONDS is a retried service error, since pyspark would wait for it forever). A verdict that passed is
-remembered in Postgres by a hash of what it depends on (`analysis_key`), so only the first plan of each
-record layout and set of expressions pays it. A registry schema that changes under an unchanged
+LOCAL_START_SECONDS is a retried service error, since pyspark would wait for it forever). A verdict that
+passed is remembered in Postgres by a hash of what it depends on (`analysis_key`), so only the first plan
+of each record layout and set of expressions pays it. A registry schema that changes under an unchanged
 definition is not analyzed again: a field it dropped fails the batch at run time.
 """
 
