@@ -34,3 +34,14 @@ def test_good_arguments_are_parsed():
     assert build_parser().parse_args(["status", "--pipeline", "p", "--json"]).json
     assert build_parser().parse_args(["batches", "--pipeline", "p", "--last", "3", "--json"]).last == 3
     assert not build_parser().parse_args(["run", "--pipeline", "p"]).verbose
+
+
+def test_version_is_the_installed_distributions(capsys):
+    import tomllib
+    from pathlib import Path
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"kafka-batch {declared}"

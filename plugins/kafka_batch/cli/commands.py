@@ -632,8 +632,19 @@ def _operator(given: str) -> str:
 PIPELINE_HELP = "the pipeline's name (its file in pipelines/ or $KAFKA_BATCH_PIPELINES_DIR)"
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, at install time)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kafka-batch")
+    except PackageNotFoundError:
+        return "unknown (the package is not installed: pip install -c constraints.txt -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kafka-batch", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan and persist the next batch (or --dry-run: only show it)")
     p.add_argument("--pipeline", required=True, help=PIPELINE_HELP)
