@@ -129,6 +129,15 @@ def publish_under_fault(cluster, fault) -> tuple[object, str, subprocess.Complet
         time.monotonic() - released, node
 
 
+def leaders_moved(cluster, topic: str, partitions: range, dead: int, timeout: float = 120) -> None:
+    """Until every partition is led by a node other than `dead` (whose session must expire first: a
+    loaded machine takes longer)."""
+    deadline = time.monotonic() + timeout
+    while any(cluster.leader(topic, p) in (dead, -1) for p in partitions):
+        assert time.monotonic() < deadline, f"{topic}'s partitions still led by node {dead} or none"
+        time.sleep(1)
+
+
 def records_published(pipeline, output: str, cluster) -> None:
     """A batch up to the input's end (retried once, as Airflow would, where it met the cluster still failing
     over: a dead node's partitions wait for a leader until its session expires), then exactly
