@@ -27,8 +27,9 @@ FAB = {"AIRFLOW__CORE__AUTH_MANAGER": "airflow.providers.fab.auth_manager.fab_au
 def teams(services, tmp_path_factory):
     """Two pipelines with a committed batch and some lag each; users alice and bob, each in a role that
     may read one of their DAGs (FAB's per-DAG permission), and an Airflow serving them."""
-    with ThreadPoolExecutor() as pool:  # each airflow command spends seconds importing Airflow: those that
-        migrated = pool.submit(run_airflow, "db", "migrate", env=FAB)  # do not depend on each other overlap
+    # Each airflow command spends seconds importing Airflow: those that do not depend on each other overlap.
+    with ThreadPoolExecutor() as pool:
+        migrated = pool.submit(run_airflow, "db", "migrate", env=FAB)
         pipelines = {}
         for user, records in (("alice", 120), ("bob", 80)):
             pipeline = pipelines[user] = new_pipeline(f"team_{user}", partitions=1)
