@@ -90,3 +90,40 @@ def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monk
     assert homes["local"] == homes["standalone"] and homes["local"].parent == tmp_path / "kafka_batch"
     for name in ("yarn", "missing"):  # "pyspark.zip not found; cannot run pyspark application in YARN mode"
         assert (homes[name] / "python" / "lib" / "pyspark.zip").is_file(), name
+
+
+_HOLDER = """
+import json, os, signal, sys
+from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
+from kafka_batch.spark import submit
+sample = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
+pipeline = parse_pipeline({**sample.definition, "connections": {**sample.definition["connections"], "spark": "spark_default"}})
+with submit.spark_submit_hook(pipeline, 7, ()) as hook:
+    print(hook._py_files, flush=True)
+    if sys.argv[1] == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)  # as Airflow or the OOM killer ends a task: no cleanup runs
+    sys.stdin.read()  # held until the test closes its input
+"""
+
+
+def test_a_killed_commands_package_is_removed_by_the_next_command_and_a_running_ones_kept(monkeypatch, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    holders = {how: subprocess.Popen([sys.executable, "-c", _HOLDER, how], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE) for how in ("killed", "running")}
+    zips = {how: Path(holder.stdout.readline().strip()) for how, holder in holders.items()}
+    holders["killed"].wait(timeout=60)
+    assert zips["killed"].exists() and zips["running"].exists()  # both left where they were made
+    try:
+        with submit.spark_submit_hook(_page_views_by_spark_submit(), 8, ()):
+            assert not zips["killed"].parent.exists()
+            assert zips["running"].exists()  # its command still runs
+    finally:
+        holders["running"].communicate("", timeout=60)
+    assert not zips["running"].parent.exists()  # removed by its own command

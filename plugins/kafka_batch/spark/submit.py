@@ -27,6 +27,7 @@ APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
 # sooner, where C2's would pay off only over a longer read (1,000 records: 7.9-8.5 s instead of
 # 9.7-11.0 s end to end). A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.
 SHORT_BATCH_OFFSETS = 100_000
+PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipped the package
 SHORT_BATCH_JVM = "-XX:TieredStopAtLevel=1"
 
 SPARK_CONF = {
@@ -97,13 +98,14 @@ def spark_submit_hook(
     try_number: int | None = None, driver_is_local: bool = True, span: int | None = None, yarn: bool = False,
 ) -> Iterator:
     """The provider's hook for one batch of `span` offsets; the zipped package is removed when the
-    block ends. A driver on this machine starts from the JVM class archive (jvm_archive), and with
+    block ends (or by a later command, where this one was killed). A driver on this machine starts from the JVM class archive (jvm_archive), and with
     C1 only when the batch is short."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     spark_env = spark_environment(keep_zipped_python=yarn)
     short = driver_is_local and span is not None and span <= SHORT_BATCH_OFFSETS
-    directory = Path(tempfile.mkdtemp(prefix="kafka_batch_pyfiles_"))
+    sweep_pyfiles()
+    directory = Path(tempfile.mkdtemp(prefix=f"{PYFILES_PREFIX}{os.getpid()}_"))
     try:
         with jvm_archive.submit_opts(spark_env, driver_is_local, SHORT_BATCH_JVM if short else "") as jvm_env:
             yield SparkSubmitHook(
@@ -116,6 +118,25 @@ def spark_submit_hook(
             )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def sweep_pyfiles() -> None:
+    """Remove the zipped packages of commands that ended without removing theirs (SIGKILLed: a task
+    killed by Airflow, a host's OOM killer). Each directory names the process that made it."""
+    for directory in Path(tempfile.gettempdir()).glob(f"{PYFILES_PREFIX}*_*"):
+        pid = directory.name[len(PYFILES_PREFIX):].split("_", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class SubmitExecution:
