@@ -38,10 +38,11 @@ def test_good_arguments_are_parsed():
 
 def test_version_is_the_installed_distributions(capsys):
     import tomllib
-    from pathlib import Path
+
+    from kafka_batch.config import PROJECT_ROOT
 
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["--version"])
     assert exited.value.code == 0
-    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    declared = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert capsys.readouterr().out.strip() == f"kafka-batch {declared}"

@@ -93,12 +93,10 @@ def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monk
 
 
 _HOLDER = """
-import json, os, signal, sys
-from kafka_batch.config import PROJECT_ROOT, load_pipeline, parse_pipeline
+import os, signal, sys
 from kafka_batch.spark import submit
-sample = load_pipeline("page_views", PROJECT_ROOT / "pipelines")
-pipeline = parse_pipeline({**sample.definition, "connections": {**sample.definition["connections"], "spark": "spark_default"}})
-with submit.spark_submit_hook(pipeline, 7, ()) as hook:
+from tests.unit.test_submit import _page_views_by_spark_submit
+with submit.spark_submit_hook(_page_views_by_spark_submit(), 7, ()) as hook:
     print(hook._py_files, flush=True)
     if sys.argv[1] == "killed":
         os.kill(os.getpid(), signal.SIGKILL)  # as Airflow or the OOM killer ends a task: no cleanup runs
@@ -115,7 +113,7 @@ def test_a_killed_commands_package_is_removed_by_the_next_command_and_a_running_
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    holders = {how: subprocess.Popen([sys.executable, "-c", _HOLDER, how], env=env, text=True,
+    holders = {how: subprocess.Popen([sys.executable, "-c", _HOLDER, how], env=env, text=True, cwd=PROJECT_ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE) for how in ("killed", "running")}
     zips = {how: Path(holder.stdout.readline().strip()) for how, holder in holders.items()}
     holders["killed"].wait(timeout=60)

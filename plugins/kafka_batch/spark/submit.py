@@ -27,8 +27,8 @@ APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
 # sooner, where C2's would pay off only over a longer read (1,000 records: 7.9-8.5 s instead of
 # 9.7-11.0 s end to end). A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.
 SHORT_BATCH_OFFSETS = 100_000
-PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipped the package
 SHORT_BATCH_JVM = "-XX:TieredStopAtLevel=1"
+PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipped the package
 
 SPARK_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -98,8 +98,8 @@ def spark_submit_hook(
     try_number: int | None = None, driver_is_local: bool = True, span: int | None = None, yarn: bool = False,
 ) -> Iterator:
     """The provider's hook for one batch of `span` offsets; the zipped package is removed when the
-    block ends (or by a later command, where this one was killed). A driver on this machine starts from the JVM class archive (jvm_archive), and with
-    C1 only when the batch is short."""
+    block ends (or by a later command, where this one was killed). A driver on this machine starts from
+    the JVM class archive (jvm_archive), and with C1 only when the batch is short."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
     spark_env = spark_environment(keep_zipped_python=yarn)
@@ -134,8 +134,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass  # another user's process
     return True
 
 
