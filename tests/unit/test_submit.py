@@ -109,13 +109,20 @@ def test_a_killed_commands_package_is_removed_by_the_next_command_and_a_running_
     import subprocess
     import sys
     import tempfile
+    import threading
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     holders = {how: subprocess.Popen([sys.executable, "-c", _HOLDER, how], env=env, text=True, cwd=PROJECT_ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE) for how in ("killed", "running")}
-    zips = {how: Path(holder.stdout.readline().strip()) for how, holder in holders.items()}
+    # A holder that never prints its package is killed (its line is then empty) rather than waited for.
+    watchdog = threading.Timer(120, lambda: [holder.kill() for holder in holders.values()])
+    watchdog.start()
+    try:
+        zips = {how: Path(holder.stdout.readline().strip()) for how, holder in holders.items()}
+    finally:
+        watchdog.cancel()
     holders["killed"].wait(timeout=60)
     assert zips["killed"].exists() and zips["running"].exists()  # both left where they were made
     try:
