@@ -7,6 +7,7 @@ naming the log that holds the trace, and the batch shows as failed."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -112,24 +113,30 @@ def test_a_spark_submit_pipelines_typo_is_found_by_a_local_session(services, tmp
     assert not list(tmp_path.iterdir())  # the local session left nothing where the command ran (spark-warehouse/)
 
 
-def test_a_local_session_that_does_not_start_ends_the_analysis_within_its_bound(services, monkeypatch):
+def test_a_local_session_that_does_not_start_ends_the_analysis_within_its_bound(services, tmp_path):
     # A JVM that never answers: suspended at its start, waiting for a debugger (pyspark waits for its
-    # port without a bound).
+    # port without a bound). In a process of its own: a worker's earlier in-process session would be reused.
+    import subprocess
+    import sys
+    import uuid
+
     import psutil
 
-    from kafka_batch.errors import ServiceError
-    from kafka_batch.spark import analysis
-
-    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-agentlib:jdwp=transport=dt_socket,server=y,suspend=y,address=127.0.0.1:0")
-    monkeypatch.setattr(analysis, "LOCAL_START_SECONDS", 5)
-    try:
-        with pytest.raises(ServiceError, match="local Spark session that analyzes the expressions did not start "
-                                               "within 5 s"), analysis._session(None):
-            pass
+    marker = f"-Dkafka_batch.test={uuid.uuid4().hex}"
+    suspended = f"-agentlib:jdwp=transport=dt_socket,server=y,suspend=y,address=127.0.0.1:0 {marker}"
+    code = ("from kafka_batch.spark import analysis\nanalysis.LOCAL_START_SECONDS = 5\n"
+            "with analysis._session(None):\n    pass\n")
+    try:  # its output to a file: the JVM, left suspended, would hold a pipe open
+        with open(tmp_path / "analysis.out", "w") as output:
+            result = subprocess.run([sys.executable, "-c", code], stdout=output, stderr=output, timeout=120,
+                                    env={**os.environ, "SPARK_SUBMIT_OPTS": suspended})
     finally:
-        for child in psutil.Process().children(recursive=True):
-            if "jdwp" in " ".join(child.cmdline()):
-                child.kill()
+        for process in psutil.process_iter(["cmdline"]):
+            if marker in " ".join(process.info["cmdline"] or []):
+                process.kill()
+    said = (tmp_path / "analysis.out").read_text()
+    assert result.returncode != 0
+    assert "the local Spark session that analyzes the expressions did not start within 5 s" in said, said[-2000:]
 
 
 @pytest.mark.parametrize("spark_submit", [False, True], ids=["spark-connect", "spark-submit"])
