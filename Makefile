@@ -10,7 +10,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export KAFKA_BATCH_HOME ?= $(CURDIR)/.local
 WITH_ENV := source "$(KAFKA_BATCH_HOME)/env.sh" &&
 
-.PHONY: install up airflow down demo demo-customers test test-browser test-unit lint bench chaos lock clean chromium schema
+.PHONY: install up airflow down demo demo-customers test test-quickstart test-browser test-unit lint bench chaos lock clean chromium schema
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ TEST_WORKERS ?= 3
 test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(TEST_WORKERS) --durations=15 tests  # ends with the 15 slowest tests
+
+# The README's quick start (`make demo` as written, then `make down`) on a local home of its own; CI runs it
+# after `make test`.
+test-quickstart: install
+	$(BIN)/pytest -m quickstart tests/quickstart
 
 test-browser: install chromium
 	$(BIN)/pytest -m browser tests

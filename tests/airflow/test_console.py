@@ -434,8 +434,50 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
                     urllib.parse.urlsplit(url).path).rstrip("/").endswith(path))
                 assert page.locator("iframe[title='Kafka batches']").count() == 0  # Airflow's page, not the console
             page.get_by_role("button", name="Trigger").first.wait_for()  # the replay DAG's page
+
+            # Its Trigger form, filled as a user would: a partition, times through Airflow's date-time
+            # picker (in the timezone the UI shows, UTC here) around every record of the partition; a dry run.
+            # What the picker sends must be a time the plan task accepts (with its zone): the run previews
+            # exactly the committed ranges those times overlap.
+            records = records_by_partition(topic)[0]
+            minute = 60_000
+            window = [min(ts for _, ts in records) // minute * minute, (max(ts for _, ts in records) // minute + 1) * minute]
+            page.get_by_role("button", name="Trigger").first.click()
+            form = page.locator("[role=dialog][data-scope=dialog][data-state=open]")
+            form.get_by_text("Run Parameters").wait_for()
+            form.locator("textarea[name=element_partitions]").fill("0")
+            for name, ms in zip(("from_time", "until_time"), window, strict=True):
+                form.get_by_text(name, exact=True).locator("xpath=../..").get_by_test_id("datetime-input").click()
+                picker = page.locator("[role=dialog][data-scope=popover][data-state=open]").last
+                assert picker.get_by_text("UTC", exact=True).count() == 1  # the zone it reads the time in
+                at = datetime.fromtimestamp(ms / 1000, UTC)
+                picker.get_by_placeholder("YYYY/MM/DD").fill(at.strftime("%Y/%m/%d"))
+                picker.get_by_placeholder("HH:mm").fill(at.strftime("%H:%M"))
+                form.get_by_text("Run Parameters").click()  # closes the picker
+            form.locator("input[name=element_reason]").fill("the browser test's replay")
+            with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/dagRuns")) as sent:
+                form.get_by_role("button", name="Trigger").click()
+            run = sent.value.json()
+            assert [run["conf"]["from_time"], run["conf"]["until_time"]] == [
+                datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:00.000Z") for ms in window], run["conf"]
         finally:
             browser.close()
+    token = server.token()
+    path = f"api/v2/dags/{good.dag_id}__replay/dagRuns/{urllib.parse.quote(run['dag_run_id'])}"
+    deadline = time.monotonic() + 600
+    while (state := json.loads(server.get(path, token=token)[1])["state"]) not in ("success", "failed"):
+        assert time.monotonic() < deadline, f"the replay run did not end: {state}"
+        time.sleep(1)
+    assert state == "success", server.get(f"{path}/taskInstances", token=token)[1][:3000]
+    [(replay, kind, status)] = query("SELECT id, kind, status FROM kafka_batch.batches WHERE pipeline = %s AND run_id = %s",
+                                     good.name, run["dag_run_id"])
+    assert (kind, status) == ("replay", "previewed")
+    committed = query("SELECT r.from_offset, r.until_offset FROM kafka_batch.batch_ranges r JOIN kafka_batch.batches b"
+                      " ON b.id = r.batch_id WHERE b.pipeline = %s AND b.kind = 'batch' AND r.partition = 0"
+                      " AND r.until_offset > r.from_offset ORDER BY 1", good.name)
+    assert query("SELECT partition, from_offset, until_offset FROM kafka_batch.batch_ranges WHERE batch_id = %s"
+                 " ORDER BY from_offset", replay) == [(0, a, b) for a, b in committed]
+    assert committed[0][0] == 0 and committed[-1][1] == stored[(topic, 0)]  # every committed record of partition 0
 
 
 def _number(text: str) -> int:
