@@ -47,7 +47,6 @@ def _external_env(base: Path) -> dict[str, str] | None:
     return {
         "AIRFLOW_HOME": str(base / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{base / 'airflow' / 'airflow.db'}",
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka}),
@@ -148,6 +147,7 @@ LONGEST_FIRST = (
     "tests/integration/test_broker_kills.py",  # 90-130 s
     "tests/integration/test_kafka_sink.py",  # 80-100 s
     "tests/integration/test_failover_hang.py",  # 90 s: a three-node cluster of its own
+    "tests/integration/test_distribution.py",  # 70-100 s: a wheel installed into a fresh virtualenv
     "tests/integration/test_upsert.py",  # 60-90 s
     "tests/integration/test_kafka_changelog.py",  # 60-85 s
     "tests/integration/test_standalone.py",  # 70 s: a Spark standalone cluster

@@ -56,7 +56,13 @@ BINARY_COLUMNS = ("record", "record_key", "value", "range_id")
 
 
 def pipelines_dir() -> Path:
-    return Path(os.environ.get("KAFKA_BATCH_PIPELINES_DIR", PROJECT_ROOT / "pipelines"))
+    """Where pipeline files are read: KAFKA_BATCH_PIPELINES_DIR; else the checkout's pipelines/ when the
+    package runs from a checkout; else, installed, `$AIRFLOW_HOME/pipelines` (beside Airflow's dags/)."""
+    if os.environ.get("KAFKA_BATCH_PIPELINES_DIR"):
+        return Path(os.environ["KAFKA_BATCH_PIPELINES_DIR"])
+    if (PROJECT_ROOT / "pyproject.toml").is_file():
+        return PROJECT_ROOT / "pipelines"
+    return Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow") / "pipelines"
 
 
 def log_dir() -> Path:

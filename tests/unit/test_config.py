@@ -198,3 +198,15 @@ def test_a_kafka_sink_has_one_shape_and_a_changelog_names_a_keyed_table(kafka, m
     raw["sinks"]["kafka"] = {"topic": "out", "changelog_of": "page_view_minutes"}
     assert parse_pipeline(raw).sink_settings.kafka.publishes_tables == ("page_view_minutes",)
     assert parse_pipeline(raw).connections.publish == raw.get("connections", {}).get("kafka_output", "kafka_default")
+
+
+def test_pipelines_are_read_from_the_setting_else_the_checkout_else_beside_airflows_dags(monkeypatch, tmp_path):
+    from kafka_batch import config
+
+    monkeypatch.setenv("KAFKA_BATCH_PIPELINES_DIR", str(tmp_path / "mine"))
+    assert config.pipelines_dir() == tmp_path / "mine"
+    monkeypatch.delenv("KAFKA_BATCH_PIPELINES_DIR")
+    assert config.pipelines_dir() == config.PROJECT_ROOT / "pipelines"  # run from a checkout
+    monkeypatch.setattr(config, "PROJECT_ROOT", tmp_path / "lib")  # installed: site-packages' parent, no pyproject.toml
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    assert config.pipelines_dir() == tmp_path / "airflow" / "pipelines"

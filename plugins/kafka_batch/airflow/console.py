@@ -1,6 +1,6 @@
 """The console: a read-only page and its JSON endpoints, served by Airflow's api-server (FastAPI).
 
-Mounted by the plugin (`plugins/kafka_batch_console_plugin.py`) under `/kafka-batch/` and shown in the
+Mounted by the plugin (`kafka_batch.airflow.plugin`) under `/kafka-batch/` and shown in the
 Airflow UI's navigation. Every endpoint needs a user authenticated by Airflow's own auth manager
 (plugin endpoints are not protected by default), and shows a user only the pipelines whose DAG that
 auth manager lets them read: the overview leaves the others out, their endpoints answer 403. Each

@@ -15,13 +15,14 @@ import functools
 import logging
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param, TriggerRule, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from kafka_batch.airflow.operators import BatchSparkSubmitOperator, airflow_stats
-from kafka_batch.config import Pipeline, invalid_dag_id
+from kafka_batch.config import Pipeline, invalid_dag_id, load_pipelines
 from kafka_batch.errors import InputError, KafkaBatchError
 from kafka_batch.observability import metrics
 
@@ -143,6 +144,21 @@ def _bound(function, pipeline: Pipeline):
     return run
 
 
+def pipeline_dags(directory: Path | None = None) -> dict[str, DAG]:
+    """The DAGs of the pipelines folder by id, for a DAG file's globals: per pipeline its scheduled DAG and
+    its replay DAG; per file with a mistake `kafka_batch__invalid__<file>`, which says what is wrong, while
+    the other pipelines' DAGs stay. Reads only the YAML files (each once): no database, Kafka or Variable."""
+    invalid: dict[str, str] = {}
+    dags: dict[str, DAG] = {}
+    for pipeline in load_pipelines(directory, invalid=invalid).values():
+        dags[pipeline.dag_id] = build_dag(pipeline)
+        dags[pipeline.replay_dag_id] = build_replay_dag(pipeline)
+    for path, error in invalid.items():
+        dag = build_invalid_dag(path, error)
+        dags[dag.dag_id] = dag
+    return dags
+
+
 def build_dag(pipeline: Pipeline) -> DAG:
     dag = DAG(
         dag_id=pipeline.dag_id,
@@ -231,8 +247,6 @@ def _plan_replay(pipeline: Pipeline, params: dict, run_id: str) -> dict:
 
 def build_invalid_dag(path: str, error: str) -> DAG:
     """Stands in for a pipeline whose file is invalid: visible, never scheduled, and it says why."""
-    from pathlib import Path
-
     with DAG(
         dag_id=invalid_dag_id(path),
         description=f"INVALID pipeline file {Path(path).name}: {error}"[:500],

@@ -25,7 +25,7 @@ import psycopg2
 from confluent_kafka import KafkaException
 from tabulate import tabulate
 
-from kafka_batch import connections
+from kafka_batch import connections, installed_version
 from kafka_batch.config import load_pipeline, load_pipelines, log_dir, optional_time_ms
 from kafka_batch.core import database, inspection, kafka_checks, planning, quarantine, report, resets
 from kafka_batch.core.planning import OffsetRequest
@@ -630,16 +630,6 @@ def _operator(given: str) -> str:
 
 
 PIPELINE_HELP = "the pipeline's name (its file in pipelines/ or $KAFKA_BATCH_PIPELINES_DIR)"
-
-
-def installed_version() -> str:
-    """The installed distribution's version (pyproject.toml's, at install time)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kafka-batch")
-    except PackageNotFoundError:
-        return "unknown (the package is not installed: pip install -c constraints.txt -e .)"
 
 
 def build_parser() -> argparse.ArgumentParser:

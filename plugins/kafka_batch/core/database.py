@@ -14,12 +14,12 @@ from pathlib import Path
 
 import psycopg2
 
-from kafka_batch.config import PROJECT_ROOT
 from kafka_batch.errors import InputError, ServiceError
 
 
 def sql_dir() -> Path:
-    return Path(os.environ.get("KAFKA_BATCH_SQL_DIR", PROJECT_ROOT / "sql"))
+    """The migrations: the package's sql/ (a link to the top-level sql/ in a checkout, files in a wheel)."""
+    return Path(os.environ.get("KAFKA_BATCH_SQL_DIR", Path(__file__).resolve().parents[1] / "sql"))
 
 
 # What the guarantee needs from every session, set by the project rather than assumed. A dead job must

@@ -10,8 +10,8 @@ import zipfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-# Executors never import these (Airflow wiring and the command line).
-_NOT_SHIPPED = ("airflow", "cli")
+# Executors never import these (Airflow wiring, the command line, the driver's entry point).
+_NOT_SHIPPED = ("airflow", "cli", "spark_jobs")
 
 
 def package_zip(directory: Path) -> Path:

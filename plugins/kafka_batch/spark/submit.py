@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kafka_batch import errors
-from kafka_batch.config import PROJECT_ROOT, Pipeline
+from kafka_batch.config import Pipeline
 from kafka_batch.connections import ConnectionFields, env_var
 from kafka_batch.spark import jvm_archive, package, spark_home
 
-APPLICATION = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
+APPLICATION = Path(__file__).resolve().parents[1] / "spark_jobs" / "run_batch.py"  # top-level spark_jobs/, linked
 # A batch of at most this many offsets keeps its JVM a few seconds: code compiled by C1 alone is ready
 # sooner, where C2's would pay off only over a longer read (1,000 records: 7.9-8.5 s instead of
 # 9.7-11.0 s end to end). A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.

@@ -1,7 +1,9 @@
 """The kafka-batch console in the Airflow UI: a FastAPI app in the api-server and a navigation entry.
 
-Importing this file (every Airflow component does) builds nothing: the app is created on its first
-request. The page is `/kafka-batch/` on the api-server; the UI shows it under Browse > Kafka batches.
+Airflow loads it through the package's `airflow.plugins` entry point, so a `pip install` is all it needs
+(no file in Airflow's plugins folder). Importing this module (every Airflow component does) builds
+nothing: the app is created on its first request. The page is `/kafka-batch/` on the api-server; the UI
+shows it under Browse > Kafka batches.
 """
 
 from airflow.plugins_manager import AirflowPlugin
