@@ -144,6 +144,7 @@ LONGEST_FIRST = (
     "tests/airflow/",  # 600-700 s: the DAG runs, the console and a backfill, one after the other on one worker
     "tests/integration/test_failover.py",  # 500-600 s: a three-node cluster of its own
     "tests/integration/test_chaos.py",  # 190-250 s
+    "tests/integration/test_upgrade.py",  # 150-200 s: an earlier version's batches through spark-submit, then ours
     "tests/integration/test_broker_kills.py",  # 90-130 s
     "tests/integration/test_kafka_sink.py",  # 80-100 s
     "tests/integration/test_failover_hang.py",  # 90 s: a three-node cluster of its own

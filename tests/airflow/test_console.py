@@ -453,7 +453,10 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
                 at = datetime.fromtimestamp(ms / 1000, UTC)
                 picker.get_by_placeholder("YYYY/MM/DD").fill(at.strftime("%Y/%m/%d"))
                 picker.get_by_placeholder("HH:mm").fill(at.strftime("%H:%M"))
-                form.get_by_text("Run Parameters").click()  # closes the picker
+                # A click outside closes the picker: on the dialog's title (the "Run Parameters" header would
+                # fold the form away).
+                form.get_by_text(f"Trigger Dag - {good.dag_id}__replay").click()
+                picker.wait_for(state="hidden")
             form.locator("input[name=element_reason]").fill("the browser test's replay")
             with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/dagRuns")) as sent:
                 form.get_by_role("button", name="Trigger").click()

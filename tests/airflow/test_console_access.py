@@ -44,7 +44,8 @@ def teams(services, tmp_path_factory):
                                      for p in pipelines.values()]))
         run_airflow("roles", "import", str(roles), env=FAB)
         password = secrets.token_urlsafe(12)
-        for created in [pool.submit(run_airflow, "users", "create", "--username", user, "--password", password,
+        # --password=...: a password that starts with "-" (token_urlsafe's alphabet has it) is not an option.
+        for created in [pool.submit(run_airflow, "users", "create", "--username", user, f"--password={password}",
                                     "--role", f"reads_{pipeline.name}", "--firstname", user, "--lastname", "test",
                                     "--email", f"{user}@example.com", env=FAB) for user, pipeline in pipelines.items()]:
             created.result()

@@ -388,6 +388,50 @@ def test_avro_values_through_the_registry_read_back_by_confluents_deserializer(s
     assert all(f["type"][0] == "null" and f["default"] is None for f in fields)
 
 
+def test_a_value_schema_the_subjects_compatibility_refuses_stops_the_batch_in_one_line_publishing_nothing(services):
+    """The Avro value schema follows the output's columns: a column added is accepted (BACKWARD: a union
+    with null, default null); a column's type changed is refused by the subject's rule, and the batch stops
+    with one line naming the subject and the rule, nothing published, nothing committed. Once the
+    subject's owner relaxes its rule, the same batch goes through, each record published once."""
+    from tests.integration.test_avro import registry_client
+
+    output = f"kafkacompat_{uuid.uuid4().hex[:8]}_out"
+    subject = f"{output}-value"
+    create_topic(output, 1)
+    value = {"page": "page", "ms": {"expr": "duration_ms", "type": "bigint"}}
+    pipeline = new_pipeline("kafkacompat", partitions=1, sinks={"kafka": {"topic": output, "value_format": "avro",
+                                                                         "value": value}})
+    topic, sinks = pipeline.topics[0], pipeline.definition["sinks"]
+
+    def publish(columns: dict, count: int, seed: int, check: bool = True):
+        update_pipeline(pipeline.name, sinks={**sinks, "kafka": {**sinks["kafka"], "value": columns}})
+        sample_data.produce_page_views(kafka_config(), topic, count, seed=seed)
+        return run_cli("run", "--pipeline", pipeline.name, check=check)
+
+    def published() -> Counter:
+        return Counter(dict(m.headers())["kafka_batch.source"].decode() for m in _committed_messages(output, [0]))
+
+    registry = registry_client()
+    publish(value, 40, 201)
+    publish({**value, "user": "user_id"}, 40, 202)  # a column added: accepted
+    assert registry.get_versions(subject) == [1, 2] and registry.get_compatibility() == "BACKWARD"
+    before, stored = published(), positions(pipeline.name)
+    said = publish({**value, "ms": {"expr": "CAST(duration_ms AS STRING)", "type": "text"}, "user": "user_id"}, 40, 203,
+                   check=False)  # a long read as a string: refused
+    assert said.returncode == 2, said.stderr[-3000:]
+    [line] = said.stderr.strip().splitlines()
+    assert line.startswith("kafka-batch: invalid input: ") and (
+        f"the schema registry refused the value schema for subject '{subject}' (HTTP 409: Schema being registered is"
+        " incompatible") in line, line
+    assert "compatibility: 'BACKWARD'" in line, line
+    assert published() == before and positions(pipeline.name) == stored and registry.get_versions(subject) == [1, 2]
+    # The subject's owner relaxes its rule: the planned batch goes through, and every record is published once.
+    registry.set_compatibility(subject, "NONE")
+    run_cli("run", "--pipeline", pipeline.name)
+    everything = {f"{topic}:0:{m.offset()}" for m in _committed_messages(topic, [0])}
+    assert published() == Counter(everything) and len(everything) == 120
+
+
 def test_protobuf_values_read_back_with_a_class_protoc_builds_from_the_documented_schema(services):
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext

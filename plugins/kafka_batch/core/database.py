@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from kafka_batch.errors import InputError, ServiceError
+from kafka_batch.errors import InputError, ServiceError, StateError
 
 
 def sql_dir() -> Path:
@@ -77,10 +77,12 @@ def pending_migrations(conn) -> bool:
 
 
 def apply_migrations(conn) -> list[str]:
-    """Apply sql/NNN_*.sql files not applied yet, each once, under an advisory lock."""
+    """Apply sql/NNN_*.sql files not applied yet, each once, under an advisory lock, all in one transaction:
+    an upgrade applies every pending migration or none. One that Postgres refuses is a StateError (a
+    retry meets the same refusal) naming the file and Postgres' reason; the schema stays as it was."""
     if not pending_migrations(conn):
         return []
-    applied = []
+    applied: list[str] = []
     with transaction(conn) as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('kafka_batch.migrations'))")
         cur.execute(
@@ -89,10 +91,18 @@ def apply_migrations(conn) -> list[str]:
         )
         cur.execute("SELECT version FROM public.kafka_batch_migrations")
         done = {row[0] for row in cur.fetchall()}
-        for path in sorted(sql_dir().glob("[0-9][0-9][0-9]_*.sql")):
-            if path.name in done:
-                continue
-            cur.execute(path.read_text())
+        pending = [path for path in sorted(sql_dir().glob("[0-9][0-9][0-9]_*.sql")) if path.name not in done]
+        for path in pending:
+            try:
+                cur.execute(path.read_text())
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                raise  # the connection, not the migration: a service error, retried
+            except psycopg2.Error as exc:
+                reason = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+                raise StateError(
+                    f"migration {path.name} cannot be applied to {conn.info.dbname}: {reason}; none of the"
+                    f" {len(pending)} pending migrations ({pending[0].name} to {pending[-1].name}) was applied,"
+                    " the schema is as it was") from None
             cur.execute("INSERT INTO public.kafka_batch_migrations (version) VALUES (%s)", (path.name,))
             applied.append(path.name)
     return applied
