@@ -219,9 +219,13 @@ def _contents(path: Path) -> bytes:
 
 
 def _files(base: Path):
-    for path in base.rglob("*"):
-        try:
-            if path.is_file() and not path.is_symlink():
-                yield path
-        except OSError:  # a file a service removed meanwhile
-            continue
+    # os.walk, not rglob: a directory a service removes while it is listed (Kafka deletes a topic's
+    # directory in the background) is skipped, where rglob's scandir raised and ended the session in error.
+    for root, _, names in os.walk(base):
+        for name in names:
+            path = Path(root, name)
+            try:
+                if path.is_file() and not path.is_symlink():
+                    yield path
+            except OSError:  # a file a service removed meanwhile
+                continue
