@@ -53,8 +53,10 @@ def _last_stable_offsets(topic: str, partitions: list[int]) -> dict[int, int]:
                          "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     ends: dict[int, int] = {}
+    deadline = time.monotonic() + 120  # a partition whose end never shows fails the test, not hangs it
     try:
         while len(ends) < len(partitions):
+            assert time.monotonic() < deadline, f"{topic}: no end seen for partitions {set(partitions) - set(ends)}"
             for message in consumer.consume(10_000, timeout=5):
                 if message.error() and message.error().code() == KafkaError._PARTITION_EOF:
                     ends[message.partition()] = message.offset()

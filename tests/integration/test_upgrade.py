@@ -38,6 +38,8 @@ from tests.integration.helpers import (
     new_pipeline,
     run_cli,
 )
+from tests.integration.test_end_to_end import _transactional_page_views
+from tests.integration.test_metrics import _last_stable_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -115,10 +117,10 @@ def _run_earlier(sources: Path, env: dict[str, str], *args: str) -> None:
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
 
 
-def _latest_per_user(topic: str) -> dict[str, tuple[str, int]]:
+def _latest_per_user(records: list[tuple]) -> dict[str, tuple[str, int]]:
     """The upsert sink's truth: per key its last committed record (a key lives in one partition)."""
     latest: dict[str, tuple[str, int]] = {}
-    for _, _, key, value, _ in committed_records(topic):
+    for _, _, key, value, _ in records:
         record = json.loads(value)
         latest[key.decode()] = (record["page"], record["duration_ms"])
     return latest
@@ -135,17 +137,15 @@ def _check_exact(db: str, pipeline, source: str, output: str) -> None:
     totals = {(page, minute): (views, duration) for page, minute, views, duration in
               _query(db, f"SELECT page, minute, views, total_duration_ms FROM {aggregate}")}
     assert totals == ground_truth(source)
+    records = committed_records(source)  # read once, for every check below
     latest = {key: (page, duration) for key, page, duration in _query(db, f"SELECT user_key, page, duration_ms FROM {upsert}")}
-    assert latest == _latest_per_user(source)
-    records = committed_records(source)
-    assert _published_sources(output) == Counter(f"{source}:{p}:{o}" for p, o, _, _, _ in records)
-    assert max(_published_sources(output).values()) == 1
-    ends: dict[int, int] = {}
-    for partition, offset, _, _, _ in records:
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    assert latest == _latest_per_user(records)
+    published = _published_sources(output)
+    assert published == Counter(f"{source}:{p}:{o}" for p, o, _, _, _ in records)
+    assert max(published.values()) == 1
     stored = _query(db, "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", pipeline.name)
-    assert {(topic, partition): offset for topic, partition, offset in stored if offset} == {
-        (source, partition): end for partition, end in ends.items()}
+    assert {(topic, partition): offset for topic, partition, offset in stored} == {
+        (source, partition): end for partition, end in _last_stable_offsets(source, [0, 1, 2]).items()}
 
 
 def test_an_installation_of_an_earlier_version_upgrades_on_its_next_run_and_stays_exact(
@@ -189,8 +189,9 @@ def test_an_installation_of_an_earlier_version_upgrades_on_its_next_run_and_stay
     assert [v for (v,) in _query(db, "SELECT version FROM public.kafka_batch_migrations ORDER BY 1")] == earlier_migrations
     assert _query(db, "SELECT to_regclass('kafka_batch.upgrade_probe')") == [(None,)]
 
-    # The normal path: the current code's next run applies the pending migrations and reads on.
-    sample_data.produce_page_views(kafka_config(), source, 300, seed=704, users=50)
+    # The normal path: the current code's next run applies the pending migrations and reads on, over
+    # transactions of two producers, each aborting one in three of its own (4 of 6 committed).
+    _transactional_page_views(source, 6, 50, seed=704)
     run_cli("run", "--pipeline", pipeline.name, env=env)
     assert [v for (v,) in _query(db, "SELECT version FROM public.kafka_batch_migrations ORDER BY 1")] == MIGRATIONS
     assert _query(db, "SELECT count(*) FROM kafka_batch.batches WHERE status = 'committed'") == [(3,)]

@@ -132,9 +132,13 @@ class Schemas:
     def _live(self, subject: str) -> list[dict]:
         return [v for v in self.subjects.get(subject, []) if not v["deleted"]]
 
+    def _with_number(self, version: dict) -> dict:
+        """A version's schema entry with its version number, as `incompatibilities` takes it."""
+        return {**self.schemas[version["id"] - 1], "version": version["version"]}
+
     def _earlier(self, subject: str) -> list[dict]:
         """The live versions' schemas, oldest first, each with its version number."""
-        return [{**self.schemas[v["id"] - 1], "version": v["version"]} for v in self._live(subject)]
+        return [self._with_number(v) for v in self._live(subject)]
 
     def register(self, subject: str, body: dict) -> dict:
         with self.lock:
@@ -170,8 +174,7 @@ class Schemas:
             if version is None:
                 earlier = self._earlier(subject)
             else:
-                found = self._version(subject, version)
-                earlier = [{**self.schemas[found["id"] - 1], "version": found["version"]}]
+                earlier = [self._with_number(self._version(subject, version))]
                 level = level.removesuffix("_TRANSITIVE")
             problems = incompatibilities(level, entry, earlier)
         answer: dict[str, Any] = {"is_compatible": not problems}
@@ -275,8 +278,7 @@ class Schemas:
     def get_config(self, subject: str, query: dict) -> dict:
         with self.lock:
             if subject != GLOBAL and subject not in self.config and query.get("defaultToGlobal") != ["true"]:
-                raise RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility"
-                                                " configured")
+                raise _no_subject_level(subject)
             return {"compatibilityLevel": self._setting(self.config, subject)}
 
     def set_config(self, subject: str, body: dict) -> dict:
@@ -292,8 +294,7 @@ class Schemas:
     def delete_config(self, subject: str) -> dict:
         with self.lock:
             if subject not in self.config:
-                raise RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility"
-                                                " configured")
+                raise _no_subject_level(subject)
             level = self.config.pop(subject)
             self._save()
         return {"compatibilityLevel": level}
@@ -310,6 +311,10 @@ class Schemas:
             self.mode[subject] = mode
             self._save()
         return {"mode": mode}
+
+
+def _no_subject_level(subject: str) -> RegistryError:
+    return RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured")
 
 
 def _number(version: str | int) -> int:
