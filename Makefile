@@ -89,7 +89,7 @@ $(VENV)/.bench: $(STAMP)
 
 bench: install $(VENV)/.bench
 	$(BIN)/kafka-batch local up
-	$(WITH_ENV) $(BIN)/python scripts/bench.py $(BENCH_ARGS)
+	$(WITH_ENV) $(BIN)/python scripts/bench $(BENCH_ARGS)
 
 # Fault injection against ground truth: CHAOS_ARGS="--iterations 20 --records 10000" for a full run.
 # Strikes go through spark-submit; the fault-free recovery after each runs on the Spark Connect server.

@@ -159,7 +159,7 @@ def _listening(base: Path) -> set[tuple[str, str, int]]:
     """(process name, address, port) of every socket listening in a process the local stack started
     (Postgres, the broker, Airflow's components and their children: task runners, spark-submit, the JVM)."""
     state = local_stack.read_state(base)
-    leaders = {state["kafka_pid"], local_stack._postmaster_pid(base / "postgres")}
+    leaders = {state["kafka_pid"], local_stack.postmaster_pid(base / "postgres")}
     leaders |= {entry["pid"] for entry in state.get("airflow", {}).values()}
     ours = local_stack._family(leaders, leaders)
     found = set()

@@ -47,7 +47,7 @@ def private_dir():
 
 def processes(base: Path) -> tuple[int, set[int], set[int]]:
     """The postmaster, every Postgres process and every broker process started for `base`."""
-    postmaster = local_stack._postmaster_pid(base / "postgres")
+    postmaster = local_stack.postmaster_pid(base / "postgres")
     state = local_stack.read_state(base)
     broker = {state["kafka_pid"]}
     return postmaster, local_stack._family({postmaster}, {postmaster}), local_stack._family(broker, broker)

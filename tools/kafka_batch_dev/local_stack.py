@@ -305,7 +305,9 @@ def start_postgres(base: Path, state: dict) -> None:
     port = state.get("postgres_port") or free_port()
     _run_pg(
         [_pg_bin("pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
-         "-o", f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200", "start"],
+         # Prepared transactions: `make bench`'s Flink peer writes through Flink's JDBC sink in XA mode.
+         "-o", f"-h 127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200 -c max_prepared_transactions=20",
+         "start"],
         f"starting Postgres (log {log})",
     )
     state["postgres_port"] = port
@@ -651,7 +653,7 @@ def stop_spark_connect(state: dict) -> set[int]:
     return _stop_service(state, "spark_connect", SPARK_CONNECT)
 
 
-def _postmaster_pid(data: Path) -> int | None:
+def postmaster_pid(data: Path) -> int | None:
     """The postmaster's pid from postmaster.pid, if that process still runs Postgres."""
     try:
         pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
@@ -671,7 +673,7 @@ def stop_postgres(base: Path) -> set[int]:
     """pg_ctl stop -m fast, then -m immediate, then SIGKILL of the postmaster's process group; return
     the Postgres processes still running after that."""
     data = base / "postgres"
-    pid = _postmaster_pid(data)
+    pid = postmaster_pid(data)
     if pid is None:
         return set()
     groups = {pid} if _is_group_leader(pid) else set()  # pg_ctl starts the postmaster in its own session

@@ -29,7 +29,7 @@ import org.apache.kafka.streams.kstream.Produced;
  * The Kafka sink's case as a Kafka Streams application: every page view of the input topic published to
  * the output topic, keyed by its user, its value the page and the duration, with exactly_once_v2. A batch
  * job: it runs until its committed input offsets reach the ends the input had when it started, then
- * closes. Prints the records it read. Run by make bench (scripts/peers/launch.py compiles it):
+ * closes. Prints the records it read. Run by make bench (scripts/bench/peers/launch.py compiles it):
  *
  * <pre>java -cp ... kafka_batch_peers.PageViewStreams bootstrap input output application-id threads</pre>
  */

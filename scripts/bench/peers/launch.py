@@ -39,6 +39,13 @@ CONNECT_RUNTIME = JarSet(f"Kafka Connect {KAFKA_VERSION}", f"kafka-connect-{KAFK
     f"org.apache.kafka:connect-runtime:{KAFKA_VERSION}", f"org.apache.kafka:connect-json:{KAFKA_VERSION}",
     f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}"), "*connect-runtime-*.jar")
 DEBEZIUM_JDBC = f"io.debezium:debezium-connector-jdbc:{DEBEZIUM_VERSION}:tar.gz:plugin"
+# Flink 2.0, the newest line both its Kafka connector (4.0.1-2.0) and its JDBC connector (4.0.0-2.0) are
+# released for; flink-dist is not on Maven Central, so the job runs in the MiniCluster flink-clients starts.
+FLINK_VERSION = "2.0.2"
+FLINK = JarSet(f"Apache Flink {FLINK_VERSION}", f"flink-{FLINK_VERSION}/libs", (
+    f"org.apache.flink:flink-clients:{FLINK_VERSION}", "org.apache.flink:flink-connector-kafka:4.0.1-2.0",
+    "org.apache.flink:flink-connector-jdbc-postgres:4.0.0-2.0", "org.postgresql:postgresql:42.7.7",
+    f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}"), "*flink-clients-*.jar")
 
 
 def debezium_plugins(home: Path) -> Path:
@@ -120,6 +127,21 @@ def streams_command(home: Path, kafka: dict, source: str, output: str, applicati
             kafka["bootstrap.servers"], source, output, application_id, str(threads)]
 
 
+def flink_command(home: Path, mode: str, kafka: dict, group: str, ranges: list[tuple[str, int, int, int]],
+                  target: str, postgres: dict | None = None) -> list[str]:
+    """The Flink job (kafka_batch_peers/FlinkPageViews.java) in `mode` (aggregate: into the table `target`;
+    publish: to the topic `target`) over `ranges`, in a JVM of its own with Flink's local MiniCluster (the
+    machine's cores as its parallelism, Flink's default)."""
+    FLINK.install(home, spark_environment())
+    jars = FLINK.jars(home)
+    app = compiled_jar(home, [SOURCES / "FlinkPageViews.java"], jars, "flink-page-views")
+    spans = ",".join(f"{topic}:{partition}:{start}:{until}" for topic, partition, start, until in ranges)
+    database = ([f"jdbc:postgresql://{postgres['host']}:{postgres['port']}/{postgres['dbname']}", postgres["user"],
+                 postgres.get("password") or ""] if postgres else [])
+    return [_jdk("java"), "-cp", ":".join(map(str, [app, *jars])), "kafka_batch_peers.FlinkPageViews", mode,
+            kafka["bootstrap.servers"], group, spans, target, *database]
+
+
 def connect_command(home: Path, work: Path, kafka: dict, postgres: dict, topic: str, table: str,
                     tasks: int) -> list[str]:
     """Kafka Connect standalone (connect-standalone.sh's JVM settings) running Debezium's JDBC sink from
@@ -149,11 +171,3 @@ def connect_command(home: Path, work: Path, kafka: dict, postgres: dict, topic: 
         (work / f"{name}.properties").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     return [_jdk("java"), "-Xms256M", "-Xmx2G", "-cp", f"{runtime}/*", "org.apache.kafka.connect.cli.ConnectStandalone",
             str(work / "worker.properties"), str(work / "connector.properties")]
-
-
-def same_rows(cur, expected: str, actual: str, columns: list[str]) -> int:
-    """Rows of one table not in the other, both ways (0: the same result)."""
-    cols = ", ".join(columns)
-    cur.execute(f"SELECT count(*) FROM ((SELECT {cols} FROM {expected} EXCEPT ALL SELECT {cols} FROM {actual})"
-                f" UNION ALL (SELECT {cols} FROM {actual} EXCEPT ALL SELECT {cols} FROM {expected})) differ")
-    return cur.fetchone()[0]

@@ -1,14 +1,14 @@
 """The plain exactly-once publisher `make bench` measures the Kafka sink against: Kafka's own
 consume-transform-produce pattern (KIP-98/KIP-447), as a user would write it in Python.
 
-consume the ranges (scripts/plain_consumer.py's loop), json.loads each value, produce the projection
+consume the ranges (scripts/bench/peers/plain_consumer.py's loop), json.loads each value, produce the projection
 (key user_id; value {page, duration_ms}) to the output topic, and every 10,000 records commit the
 transaction with the input offsets (`send_offsets_to_transaction`). With `--lineage PIPELINE:BATCH`
 each message also carries the lineage headers the project's Kafka sink writes by default (the pipeline,
 the batch, its kind, the source record and its range), as a user who needs them would add them: the
 same messages as the sink's. It imports nothing of the project:
 
-    python scripts/plain_publisher.py --kafka '{"bootstrap.servers": ...}' --ranges '[["topic", 0, 0, 1000]]' \
+    python scripts/bench/peers/plain_publisher.py --kafka '{"bootstrap.servers": ...}' --ranges '[["topic", 0, 0, 1000]]' \
         --output bench_out [--lineage pipeline:42]
 """
 
@@ -19,7 +19,7 @@ import json
 import uuid
 
 from confluent_kafka import Producer, TopicPartition
-from plain_consumer import consume, consumer  # scripts/, beside this file
+from plain_consumer import consume, consumer  # beside this file
 
 EVERY = 10_000
 

@@ -22,7 +22,7 @@ import org.apache.spark.streaming.kafka010.OffsetRange;
 /**
  * The original KafkaRDD for a PySpark job: {@code KafkaUtils.createRDD} over fixed offset ranges, its
  * ConsumerRecords as rows with the Kafka source's columns, so that the job decodes and aggregates them
- * as DataFrames. Called through py4j (scripts/peers/spark_peer.py, mode rdd).
+ * as DataFrames. Called through py4j (scripts/bench/peers/spark_peer.py, mode rdd).
  */
 public final class KafkaRddRows {
     private static final StructType SCHEMA = new StructType()

@@ -5,7 +5,7 @@ value, sum views and durations per (group field, minute) in a dict, and commit t
 offsets in one Postgres transaction by compare-and-set. It imports nothing of the project, so run as
 a script its whole process (interpreter start included) is what a user's job would cost:
 
-    python scripts/plain_consumer.py --kafka '{"bootstrap.servers": ...}' --postgres '{"host": ...}' \
+    python scripts/bench/peers/plain_consumer.py --kafka '{"bootstrap.servers": ...}' --postgres '{"host": ...}' \
         --ranges '[["topic", 0, 0, 1000]]' --table bench_plain
 """
 
