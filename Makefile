@@ -96,9 +96,12 @@ bench: install $(VENV)/.bench
 # Then the soak: producers, batches of a JSON and an Avro pipeline and a fault every 15 s, for 5 minutes.
 # On three nodes (`make chaos KAFKA_NODES=3`, or a local home made so) also the node kills.
 SOAK_SECONDS ?= 300
+# Then the long fault scenarios of the tests (marker long_fault: node kills on clusters of their own), which
+# `make test` leaves to this target, keeping a short representative of each.
 chaos: install
 	$(LOCAL_UP)
 	$(WITH_ENV) $(BIN)/python scripts/chaos.py --recover-on spark-connect --soak $(SOAK_SECONDS) $(CHAOS_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) -m long_fault tests
 
 # The pipeline definition's JSON Schema (editors) and reference, written from the typed model, and the
 # command line's reference, written from its parser; a test fails while any is stale.

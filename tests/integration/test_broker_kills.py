@@ -12,7 +12,7 @@ import pytest
 from kafka_batch_dev import local_stack
 from kafka_batch_dev.chaos.cli import main as chaos
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.long_fault]
 
 
 @pytest.fixture

@@ -309,10 +309,18 @@ def test_partition_added_between_runs_is_read_from_its_start(services):
     admin = admin_client()
     for future in admin.create_partitions([NewPartitions(topic, 2)]).values():
         future.result()
-    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})  # metadata with 2 partitions
+    producer = Producer({"bootstrap.servers": kafka_config()["bootstrap.servers"]})
+    # The broker's metadata may show the new partition a moment after the controller created it; a record
+    # for a partition the producer does not know fails delivery, and flush() would not say so.
+    deadline = time.monotonic() + 30
+    while len(producer.list_topics(topic, timeout=10).topics[topic].partitions) < 2:
+        assert time.monotonic() < deadline, f"{topic}'s second partition is not in the broker's metadata after 30 s"
+        time.sleep(0.2)
+    failed = []
     for _ in range(7):
-        producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/p1", "duration_ms": 1}', partition=1)
-    producer.flush(30)
+        producer.produce(topic, key="u", value=b'{"user_id": "u", "page": "/p1", "duration_ms": 1}', partition=1,
+                         on_delivery=lambda error, _message: error and failed.append(error))
+    assert producer.flush(30) == 0 and not failed, failed
     run_cli("run", "--pipeline", pipeline.name)
     assert positions(pipeline.name) == {(topic, 0): 101, (topic, 1): 7}
     views = {page: v for (page, _), (v, _) in table_contents(pipeline).items()}
