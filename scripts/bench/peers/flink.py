@@ -62,6 +62,11 @@ def aggregate_run(env: Env, size: str, ranges, records: int, expected: str, colu
     env.tables.append(("public", table))
     conn = database.connect(env.postgres)
     with conn, conn.cursor() as cur:
+        cur.execute("SHOW max_prepared_transactions")
+        if int(cur.fetchone()[0]) == 0:
+            raise RuntimeError("Postgres allows no prepared transactions, which Flink's JDBC sink needs in XA mode"
+                               " (max_prepared_transactions is 0): a local Postgres started by an earlier version"
+                               " keeps that until `make down`; `make bench` then starts it with 20")
         cur.execute(f"CREATE TABLE {table} (page text, minute timestamptz, views bigint, total_duration_ms bigint,"
                     " PRIMARY KEY (page, minute))")
     conn.close()
