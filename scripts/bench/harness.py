@@ -62,11 +62,11 @@ def row(name: str, value: float, unit: str, detail: str = "", cpu: float | None 
     return previous
 
 
-def cpu_point(system: str, records: int, measured: dict) -> float:
-    """The least CPU seconds of `measured`'s rounds (a row) as `system`'s point at `records` (CPU, the chart's second
-    panel); those seconds."""
+def chart_point(system: str, records: int, seconds: float, measured: dict) -> None:
+    """`system`'s point at `records` in both of the chart's panels: its best seconds (CURVE) and the least CPU
+    seconds of `measured`'s rounds (a row; CPU), each the best of those recorded for that size."""
+    CURVE[system][records] = min(seconds, CURVE[system].get(records, seconds))
     CPU[system][records] = min(measured["cpu_least"], CPU[system].get(records, measured["cpu_least"]))
-    return measured["cpu_least"]
 
 
 def delete_topics(kafka: dict, prefix: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bench.env import CONNECT, MODE, SUBMIT, Env, spans
-from bench.harness import CURVE, cpu_point
+from bench.harness import chart_point
 from bench.peers import flink
 from bench.peers.plain import plain_process
 from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, warm_up_peers
@@ -32,15 +32,11 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
             planned = {spark: env.plan(pipeline) for spark, pipeline in jobs.items()}
             for spark, pipeline in jobs.items():
                 run = spark_run(env, pipeline, planned[spark], f"curve {size}, {MODE[spark]}")
-                seconds = run["seconds"]
-                key = f"kafka-batch run, {MODE[spark]}"
-                CURVE[key][records] = min(seconds, CURVE[key].get(records, seconds))
-                cpu_point(key, records, run["row"])
+                chart_point(f"kafka-batch run, {MODE[spark]}", records, run["seconds"], run["row"])
             batch = planned[CONNECT]
             for peer in SPARK_PEERS:
                 peer_run(env, peer, size, batch.ranges, batch.span, jobs[CONNECT].sinks[0].table, JSON_COLUMNS)
             flink.aggregate_run(env, size, batch.ranges, batch.span, jobs[CONNECT].sinks[0].table, JSON_COLUMNS)
             plain = plain_process(env, spans(batch.ranges), 1, f"plain consumer process, {size}")
-            CURVE["plain consumer process"][records] = plain["value"]
-            cpu_point("plain consumer process", records, plain)
+            chart_point("plain consumer process", records, plain["value"], plain)
     return []

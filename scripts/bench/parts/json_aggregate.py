@@ -10,7 +10,7 @@ from collections import defaultdict
 from psycopg2 import sql
 
 from bench.env import CONNECT, MODE, SUBMIT, Env, produce_per_partition, spans
-from bench.harness import CURVE, cpu_point, row
+from bench.harness import chart_point, row
 from bench.peers import flink
 from bench.peers.plain import plain_process, project_read, raw_read
 from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_peers
@@ -108,12 +108,9 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
     peer_best = {label: min(seconds) for label, seconds in peer_runs.items()}
     for records, connect_run, submit_run, plain in ((args.small, small_connect_run, small_run, plain_small),
                                                     (args.records, big_connect_run, big_run, plain_big)):
-        CURVE[f"kafka-batch run, {MODE[CONNECT]}"][records] = connect_run["seconds"]
-        CURVE[f"kafka-batch run, {MODE[SUBMIT]}"][records] = submit_run["seconds"]
-        CURVE["plain consumer process"][records] = plain["value"]
-        cpu_point(f"kafka-batch run, {MODE[CONNECT]}", records, connect_run["row"])
-        cpu_point(f"kafka-batch run, {MODE[SUBMIT]}", records, submit_run["row"])
-        cpu_point("plain consumer process", records, plain)
+        chart_point(f"kafka-batch run, {MODE[CONNECT]}", records, connect_run["seconds"], connect_run["row"])
+        chart_point(f"kafka-batch run, {MODE[SUBMIT]}", records, submit_run["seconds"], submit_run["row"])
+        chart_point("plain consumer process", records, plain["value"], plain)
     many_run = spark_run(env, many, many_batch, f"{args.many} partitions")
     few_run = spark_run(env, few, few_batch, "4 partitions")
     return [

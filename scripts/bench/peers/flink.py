@@ -12,7 +12,7 @@ import uuid
 
 from bench.checks import check_same_rows, published
 from bench.env import Env, spans, topic_partitions
-from bench.harness import CURVE, cpu_point, row, settle
+from bench.harness import chart_point, row, settle
 from bench.peers import launch as peer_launch
 from bench.sampling import ProcessSampler, own_cpu
 from kafka_batch.core import database
@@ -76,8 +76,7 @@ def aggregate_run(env: Env, size: str, ranges, records: int, expected: str, colu
     measured = row(label, records / seconds, "records/s", f"{records:,} records in {seconds:.1f}s, whole process"
                    " (a bounded KafkaSource, the JDBC sink in XA mode); its rows are the pipeline's; CPU s by process"
                    f" {cpu}", own_cpu(cpu), records, seconds=round(seconds, 2), cpu_by_process=cpu)
-    CURVE[SYSTEM][records] = min(seconds, CURVE[SYSTEM].get(records, seconds))
-    cpu_point(SYSTEM, records, measured)
+    chart_point(SYSTEM, records, seconds, measured)
     return seconds
 
 

@@ -12,7 +12,7 @@ import uuid
 
 from bench.checks import check_same_rows
 from bench.env import CONNECT, MODE, SUBMIT, Env, spans
-from bench.harness import CURVE, cpu_point, load, row, settle
+from bench.harness import chart_point, load, row, settle
 from bench.peers import launch as peer_launch
 from bench.runs import WARM_UP_BATCHES
 from bench.sampling import ProcessSampler, own_cpu
@@ -62,8 +62,7 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
                    f" (spark_peer.py --mode {mode}); its rows are the pipeline's; CPU s by process {cpu}", own_cpu(cpu),
                    records, seconds=round(seconds, 2), cpu_by_process=cpu)
     if "format" not in options:  # the chart is of the JSON aggregate
-        CURVE[f"{name}, {MODE[spark]}"][records] = min(seconds, CURVE[f"{name}, {MODE[spark]}"].get(records, seconds))
-        cpu_point(f"{name}, {MODE[spark]}", records, measured)
+        chart_point(f"{name}, {MODE[spark]}", records, seconds, measured)
     return seconds
 
 
