@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import traceback
 import uuid
 from pathlib import Path
 
@@ -89,17 +90,26 @@ def main() -> int:
 
 
 def measure(args: argparse.Namespace, env: Env) -> int:
-    """Run the parts `--only` names (default: every one), then print and write their results."""
+    """Run the parts `--only` names (default: every one), then print and write their results; a part that
+    fails is named in the report (and the exit code), the others' results are kept."""
     chosen = args.only.split(",") if args.only else list(PARTS)
     unknown = set(chosen) - set(PARTS)
     if unknown:
         raise SystemExit(f"--only: no part {', '.join(sorted(unknown))} (parts: {', '.join(PARTS)})")
-    targets = [target for part in chosen for target in PARTS[part](args, env)]
-    report(targets, args.json, {"args": vars(args) | {"json": str(args.json)}, "parts": chosen})
+    targets, failed = [], {}
+    for part in chosen:
+        try:
+            targets += PARTS[part](args, env)
+        except Exception as error:  # a part that fails must not cost the other parts' figures
+            traceback.print_exc()
+            failed[part] = f"{type(error).__name__}: {error}"
+            print(f"bench: part {part} failed ({failed[part]}); going on with the next", flush=True)
+    report(targets, args.json, {"args": vars(args) | {"json": str(args.json)}, "parts": chosen,
+                                "failed_parts": failed})
     if CURVE:
         draw_chart(args.chart)
     env.drop_tables()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ def report(targets: list[tuple], path: Path, run: dict) -> None:
         ok = value >= limit if op == ">=" else value <= limit
         results.append({"target": name, "value": round(value, 3), "pass": ok})
         print(f"{name:<58} {value:>8.2f}  {'PASS' if ok else 'FAIL'}")
+    for part, error in run.get("failed_parts", {}).items():
+        print(f"{'part ' + part + ' failed: its targets are missing':<58} {'':>8}  FAIL ({error})")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**run, "cores": os.cpu_count(), "measures": ROWS, "targets": results,
                                 "curve": CURVE, "cpu": CPU}, indent=2, default=str))
