@@ -23,10 +23,11 @@ from kafka_batch.connections import ConnectionFields, env_var
 from kafka_batch.spark import jvm_archive, package, spark_home
 
 APPLICATION = Path(__file__).resolve().parents[1] / "spark_jobs" / "run_batch.py"  # top-level spark_jobs/, linked
-# A batch of at most this many offsets keeps its JVM a few seconds: code compiled by C1 alone is ready
-# sooner, where C2's would pay off only over a longer read (1,000 records: 7.9-8.5 s instead of
-# 9.7-11.0 s end to end). A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.
-SHORT_BATCH_OFFSETS = 100_000
+# A batch of at most this many offsets keeps its JVM seconds, not minutes: code compiled by C1 alone is
+# ready sooner, and C2's compilations (5-7 CPU s on their own threads) would pay off only over a longer
+# read. Medians of 6 alternated pairs on 2 cores: 1M records 9.6 s instead of 11.5 s, 3M 12.9 s instead
+# of 13.2 s, and 3-5 CPU s less per batch. A -XX:TieredStopAtLevel in your SPARK_SUBMIT_OPTS wins over this.
+SHORT_BATCH_OFFSETS = 3_000_000
 SHORT_BATCH_JVM = "-XX:TieredStopAtLevel=1"
 PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipped the package
 
