@@ -62,6 +62,12 @@ def row(name: str, value: float, unit: str, detail: str = "", cpu: float | None 
     return previous
 
 
+def worst_round(ours: list[float], theirs: list[float]) -> float:
+    """Their seconds over ours, round by round (the lists in round order): the lowest, for a target that
+    must hold in every round and not only between the best ones."""
+    return min(t / o for o, t in zip(ours, theirs, strict=True))
+
+
 def chart_point(system: str, records: int, seconds: float, measured: dict) -> None:
     """`system`'s point at `records` in both of the chart's panels: its best seconds (CURVE) and the least CPU
     seconds of `measured`'s rounds (a row; CPU), each the best of those recorded for that size."""

@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 
 from bench.env import CONNECT, MODE, SUBMIT, Env
+from bench.harness import worst_round
 from bench.peers.plain import avro_baseline, baseline_tables
 from bench.peers.spark import AVRO_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_peers
 from bench.runs import cpu_targets, read_row, spark_run, warm_up
@@ -57,6 +58,13 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
     def ratio(size: str, spark: str) -> float:
         return records[size] / best[f"avro {sizes[size]}, {MODE[spark]}"] / base[size]["value"]
 
+    def against_batch_source(size: str) -> tuple:
+        """Issue 68's bar: 1.5x Spark's batch source on the same server in every round."""
+        return (f"68 Avro {sizes[size]}: kafka-batch run / Spark batch source >= 1.5 in every round (its worst),"
+                f" {MODE[CONNECT]}", worst_round(runs[f"avro {sizes[size]}, {MODE[CONNECT]}"],
+                                                runs[f"Spark batch source Avro {sizes[size]}, {MODE[CONNECT]}"]),
+                1.5, ">=")
+
     return [(f"9 avro {sizes['small']}: kafka-batch run / plain consumer >= 1.5, {MODE[CONNECT]}",
              ratio("small", CONNECT), 1.5, ">="),
             (f"9 avro {sizes['big']}: the same >= 2, {MODE[CONNECT]}", ratio("big", CONNECT), 2, ">="),
@@ -64,6 +72,7 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
             *cpu_targets(f"Avro {sizes['small']}", {CONNECT: measured["small", CONNECT]}, base["small"]),
             *cpu_targets(f"Avro {sizes['big']}", {spark: measured["big", spark] for spark in (CONNECT, SUBMIT)},
                          base["big"]),
+            against_batch_source("small"), against_batch_source("big"),
             *peer_targets(14, f"Avro {sizes['small']}", {MODE[CONNECT]: best[f"avro {sizes['small']}, {MODE[CONNECT]}"]},
                           best),
             *peer_targets(14, f"Avro {sizes['big']}", {mode: best[f"avro {sizes['big']}, {mode}"]

@@ -53,6 +53,7 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
     return [
         ("4 fixed cost (s) <= 10 (idle machine), Spark Connect", fixed_connect["value"], 10, "<="),
         ("4 same, spark-submit", fixed["value"], 10, "<="),
+        ("68 fixed cost (s) <= 5, spark-submit", fixed["value"], 5, "<="),
         ("11 fixed cost / plain consumer's process <= 7, Spark Connect", fixed_connect["value"] / plain["value"], 7,
          "<="),
     ]
