@@ -85,14 +85,18 @@ def spark_run(env: Env, pipeline, batch, label: str, records: int | None = None)
     return {"seconds": seconds, "records": records, "rss": mb, "phases": breakdown, "row": measured}
 
 
-def warm_up(env: Env, make_pipeline, batches: int = WARM_UP_BATCHES) -> None:
+def warm_up(env: Env, make_pipeline, batches: int = WARM_UP_BATCHES, between=None) -> None:
     """Run `batches` batches of pipelines made by `make_pipeline(i)` through Spark Connect, unmeasured (see
-    WARM_UP_BATCHES); each reads its topic from the start."""
+    WARM_UP_BATCHES); each reads its topic from the start. `between(i)`: what else runs on the server after
+    batch i (the Spark peers' warm-up, peers.spark.warm_up_with_peers)."""
     started = time.monotonic()
     for i in range(batches):
         pipeline = make_pipeline(i)
         cli_run(pipeline, env.plan(pipeline).run_id)
-    print(f"  warm-up: {batches} batches via Spark Connect, not measured, in {time.monotonic() - started:.1f} s"
+        if between is not None:
+            between(i)
+    peers = "" if between is None else ", each followed by the peers' runs"
+    print(f"  warm-up: {batches} batches via Spark Connect{peers}, not measured, in {time.monotonic() - started:.1f} s"
           f" (load {load()})", flush=True)
 
 

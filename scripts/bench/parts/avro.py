@@ -10,8 +10,8 @@ from collections import defaultdict
 from bench.env import CONNECT, MODE, SUBMIT, Env
 from bench.harness import worst_round
 from bench.peers.plain import avro_baseline, baseline_tables
-from bench.peers.spark import AVRO_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_peers
-from bench.runs import cpu_targets, read_row, spark_run, warm_up
+from bench.peers.spark import AVRO_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_with_peers
+from bench.runs import cpu_targets, read_row, spark_run
 from kafka_batch_dev import sample_data
 
 
@@ -36,8 +36,8 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
     base: dict[str, dict] = {}
     runs: dict[str, list[float]] = defaultdict(list)
     measured: dict[tuple[str, str], dict] = {}  # each job's row by (size, Spark connection)
-    warm_up(env, lambda i: env.avro_pipeline(f"avro_warm_{i}", topics["small"], CONNECT))
-    warm_up_peers(env, ranges["small"], format="avro", group="page,country", registry=env.registry["url"])
+    warm_up_with_peers(env, lambda i: env.avro_pipeline(f"avro_warm_{i}", topics["small"], CONNECT), ranges["small"],
+                       format="avro", group="page,country", registry=env.registry["url"])
     for i, planned in enumerate(rounds):
         for size in ("small", "big"):
             env.tables += baseline_tables(env, f"avro_baseline_{size}_{i}")

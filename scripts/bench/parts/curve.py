@@ -8,8 +8,8 @@ from bench.env import CONNECT, MODE, SUBMIT, Env, spans
 from bench.harness import chart_point
 from bench.peers import flink
 from bench.peers.plain import plain_process
-from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, warm_up_peers
-from bench.runs import spark_run, warm_up
+from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, warm_up_with_peers
+from bench.runs import spark_run
 from kafka_batch_dev import sample_data
 
 
@@ -23,8 +23,8 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
         topics[records] = f"{env.prefix}_curve_{records}"
         sample_data.ensure_topic(env.kafka, topics[records], args.partitions)
         sample_data.produce_page_views(env.kafka, topics[records], records, seed=15)
-    warm_up(env, lambda i: env.pipeline(f"curve_warm_{i}", topics[sizes[-1]], CONNECT))
-    warm_up_peers(env, env.plan(env.pipeline("curve_peer_warm", topics[sizes[-1]])).ranges)
+    warm_up_with_peers(env, lambda i: env.pipeline(f"curve_warm_{i}", topics[sizes[-1]], CONNECT),
+                       env.plan(env.pipeline("curve_peer_warm", topics[sizes[-1]])).ranges)
     for i in range(args.repeat):
         for records in sizes:
             size = f"{records:,}"

@@ -13,8 +13,8 @@ from bench.env import CONNECT, MODE, SUBMIT, Env, produce_per_partition, spans
 from bench.harness import chart_point, row, worst_round
 from bench.peers import flink
 from bench.peers.plain import plain_process, project_read, raw_read
-from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_peers
-from bench.runs import breakeven, cpu_targets, marginal_rate, read_row, spark_run, warm_up
+from bench.peers.spark import JSON_COLUMNS, SPARK_PEERS, peer_run, peer_targets, warm_up_with_peers
+from bench.runs import breakeven, cpu_targets, marginal_rate, read_row, spark_run
 from kafka_batch.core import database
 from kafka_batch_dev import sample_data
 
@@ -66,8 +66,7 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
     few_batch = env.plan(few)
 
     print("measuring:", flush=True)
-    warm_up(env, lambda i: env.pipeline(f"warm_{i}", small_topic, CONNECT))
-    warm_up_peers(env, rounds[0]["small"][1].ranges)
+    warm_up_with_peers(env, lambda i: env.pipeline(f"warm_{i}", small_topic, CONNECT), rounds[0]["small"][1].ranges)
     row("planning", plan_s, "s", f"plan_batch over {args.many} partitions")
     runs: dict[str, list[dict]] = defaultdict(list)
     peer_runs: dict[str, list[float]] = defaultdict(list)

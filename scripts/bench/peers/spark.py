@@ -12,9 +12,9 @@ import uuid
 
 from bench.checks import check_same_rows
 from bench.env import CONNECT, MODE, SUBMIT, Env, spans
-from bench.harness import chart_point, load, row, settle
+from bench.harness import chart_point, row, settle
 from bench.peers import launch as peer_launch
-from bench.runs import WARM_UP_BATCHES
+from bench.runs import WARM_UP_BATCHES, warm_up
 from bench.sampling import ProcessSampler, own_cpu
 from kafka_batch_dev import local_stack
 
@@ -66,17 +66,18 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
     return seconds
 
 
-def warm_up_peers(env: Env, ranges, batches: int = WARM_UP_BATCHES, **options: str) -> None:
-    """Run each Spark peer of the Spark Connect server `batches` times over `ranges`, unmeasured, as the
-    pipeline is warmed up (warm_up): the server's JVM compiles the Kafka source's hot paths as it did the
-    pipeline's, a long-lived server having run many."""
-    started = time.monotonic()
-    for peer in SPARK_PEERS:
-        if peer[2] == CONNECT:
-            for _ in range(batches):
+def warm_up_with_peers(env: Env, make_pipeline, ranges, batches: int = WARM_UP_BATCHES, **options: str) -> None:
+    """Warm the Spark Connect server up as a long-lived one is, by both sides of the measures, unmeasured: the
+    pipeline's batches (`make_pipeline(i)`, runs.warm_up), each followed by one run of each Spark peer of the
+    server over `ranges`. Warmed up one after the other instead, the pipeline's first measured batch recompiled
+    what the peers' runs had changed in the JVM (the server's CPU 1.9 s against 0.9 s in the next batch), and
+    the first of three rounds was the slowest in every part."""
+    def peers(_batch: int) -> None:
+        for peer in SPARK_PEERS:
+            if peer[2] == CONNECT:
                 peer_run(env, peer, "warm-up", ranges, 0, None, [], **options)
-    print(f"  warm-up: {batches} runs of each Spark peer via Spark Connect, not measured, in"
-          f" {time.monotonic() - started:.1f} s (load {load()})", flush=True)
+
+    warm_up(env, make_pipeline, batches, between=peers)
 
 
 def peer_targets(number: int, case: str, pipeline_s: dict[str, float], peer_s: dict[str, float],
