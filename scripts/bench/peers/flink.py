@@ -20,8 +20,8 @@ from kafka_batch.spark.submit import spark_environment
 from kafka_batch_dev import local_stack, sample_data
 
 SYSTEM = "Flink, MiniCluster"  # the chart's name for it
-# A run takes 5-20 s; one that hung (once, 3M records in a round of 2026-11-29) is killed long before the
-# 30 minutes it then cost, and the part fails with its output's end.
+# A run takes 5-20 s; one that does not end (once, 3M records in a round of 2026-11-29, then 30 minutes) is
+# stopped long before, with its output's end in the error.
 RUN_TIMEOUT_S = 300
 
 
