@@ -37,14 +37,14 @@ def _run(env: Env, mode: str, ranges, target: str, label: str) -> tuple[float, d
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                                     env={**os.environ, **spark_environment()})
+            failure = None if result.returncode == 0 else f"failed (exit {result.returncode})"
+            output = result.stdout + result.stderr
         except subprocess.TimeoutExpired as exc:
-            _roll_back_prepared(env)
-            output = (_text(exc.stdout) + _text(exc.stderr))[-3000:]
-            raise RuntimeError(f"{label} did not end within {RUN_TIMEOUT_S} s: {output}") from None
+            failure, output = f"did not end within {RUN_TIMEOUT_S} s", _text(exc.stdout) + _text(exc.stderr)
         seconds = time.monotonic() - started
-    if result.returncode != 0:
+    if failure is not None:
         _roll_back_prepared(env)
-        raise RuntimeError(f"{label} failed (exit {result.returncode}): {(result.stdout + result.stderr)[-3000:]}")
+        raise RuntimeError(f"{label} {failure}: {output[-3000:]}")
     return seconds, sampled.cpu_seconds()
 
 
