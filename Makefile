@@ -96,7 +96,7 @@ bench: install $(VENV)/.bench
 # Then the soak: producers, batches of a JSON and an Avro pipeline and a fault every 15 s, for 5 minutes.
 # On three nodes (`make chaos KAFKA_NODES=3`, or a local home made so) also the node kills.
 SOAK_SECONDS ?= 300
-# Then the long fault scenarios of the tests (marker long_fault: node kills on clusters of their own), which
+# Then the long fault scenarios of the tests (marker long_fault: node kills on a three-node cluster), which
 # `make test` leaves to this target, keeping a short representative of each.
 chaos: install
 	$(LOCAL_UP)

@@ -59,11 +59,24 @@ class KafkaCluster:
 
         return AdminClient(self.config)
 
+    def _partition(self, topic: str, partition: int, timeout: float = 30):
+        """The partition's metadata, asked again while the node that answers does not know it yet (one just
+        revived answers from its metadata before it caught up with the controller's)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            known = self._admin().list_topics(topic, timeout=30).topics[topic].partitions.get(partition)
+            if known is not None:
+                return known
+            assert time.monotonic() < deadline, f"no node knew {topic}[{partition}] within {timeout:g} s"
+            time.sleep(0.5)
+
     def leader(self, topic: str, partition: int) -> int:
-        return self._admin().list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
+        return self._partition(topic, partition).leader
 
     def in_sync(self, topic: str, partition: int) -> list[int]:
-        return sorted(self._admin().list_topics(topic, timeout=30).topics[topic].partitions[partition].isrs)
+        return sorted(self._partition(topic, partition).isrs)
 
     def warm(self) -> None:
         """The internal topics exist (the first group offset and the first transactional producer make them)
@@ -152,21 +165,26 @@ def on_cluster(kafka_cluster, monkeypatch):
     kafka_cluster.revive()
 
 
+# How long a node that stopped answering stays registered: 30 s (Kafka's default broker.session.timeout.ms is
+# 9 s). A frozen node then stays registered as a host whose heartbeats stall: the commit's coordinator lookup
+# still names it, and librdkafka's send_offsets_to_transaction waits past its own timeout there
+# (confluentinc/librdkafka#5456). The node kills have run with it the longest: 9 s moved leaderships sooner,
+# and two of their CI runs met retriable windows that the code now waits out.
+BROKER_SESSION_TIMEOUT_MS = 30_000
+
+
 @pytest.fixture(scope="module")
-def kafka_cluster(services, tmp_path_factory, request):
-    """A three-node cluster for one test module (the session's broker serves the other tests meanwhile).
-    A module's BROKER_SESSION_TIMEOUT_MS, where it sets one, is how long a node that stopped answering
-    stays registered (Kafka's default: 9 s)."""
+def kafka_cluster(services, tmp_path_factory):
+    """A three-node cluster for one test module, test_failover.py's (the session's broker serves the other
+    tests meanwhile); each test leaves every node running for the next (on_cluster)."""
     import json
 
     from kafka_batch_dev import local_stack
 
     home = tmp_path_factory.mktemp("kafka_cluster")
     state: dict = {}
-    session = getattr(request.module, "BROKER_SESSION_TIMEOUT_MS", None)
     try:
-        local_stack.start_kafka(home, state, nodes=3,
-                                settings={"broker.session.timeout.ms": session} if session else None)
+        local_stack.start_kafka(home, state, nodes=3, settings={"broker.session.timeout.ms": BROKER_SESSION_TIMEOUT_MS})
         (home / "state.json").write_text(json.dumps(state))
         cluster = KafkaCluster(home)
         yield cluster
