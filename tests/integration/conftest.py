@@ -62,15 +62,12 @@ class KafkaCluster:
     def _partition(self, topic: str, partition: int, timeout: float = 30):
         """The partition's metadata, asked again while the node that answers does not know it yet (one just
         revived answers from its metadata before it caught up with the controller's)."""
-        import time
+        from kafka_batch_dev.chaos.harness import until
 
-        deadline = time.monotonic() + timeout
-        while True:
-            known = self._admin().list_topics(topic, timeout=30).topics[topic].partitions.get(partition)
-            if known is not None:
-                return known
-            assert time.monotonic() < deadline, f"no node knew {topic}[{partition}] within {timeout:g} s"
-            time.sleep(0.5)
+        admin = self._admin()
+        known = until(lambda: admin.list_topics(topic, timeout=30).topics[topic].partitions.get(partition), timeout)
+        assert known is not None, f"no node knew {topic}[{partition}] within {timeout:g} s"
+        return known
 
     def leader(self, topic: str, partition: int) -> int:
         return self._partition(topic, partition).leader
