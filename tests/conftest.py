@@ -30,6 +30,17 @@ if "AIRFLOW_HOME" not in os.environ:
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="kafka_batch_airflow_home_")
     atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# The tests' JVMs serve small loads for seconds or minutes: the Kafka nodes (the session's, the clusters and
+# nodes of single tests), the Spark Connect servers, the spark-submit drivers and the `spark` fixture's.
+# C1-compiled code and the serial collector cost them less CPU than C2 and G1 on two cores, side by side:
+# a Kafka node's start 2.9-3.1 instead of 4.9-5.1 CPU s and 200,000 records produced and read 1.8 instead
+# of 3.0-3.2; a Spark Connect server's start 5.8-7.1 instead of 10.5-11.0 and 24 batches of 2,000
+# records 19.6-23.3 instead of 32.9-37.9 (three pairs); a spark-submit batch of 1,000 records took 22-23 s
+# instead of 26-27 s. Users' JVMs keep the defaults. Set here, before the services start, so that every
+# process of the session inherits them.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
+os.environ.setdefault("KAFKA_JVM_PERFORMANCE_OPTS", f"-server {TEST_JVM_OPTIONS} -Djava.awt.headless=true")
 # A password the tests look for in logs and XCom. The local Postgres trusts loopback, so it is unused.
 # xdist workers inherit the controller's environment, so every process plants and looks for the same one.
 FAKE_PASSWORD = os.environ.setdefault("KAFKA_BATCH_TEST_FAKE_PASSWORD", "s3cret-" + uuid.uuid4().hex[:12])
@@ -94,10 +105,7 @@ def _start_services() -> tuple[Path, dict[str, str], bool]:
     # server started once, or spark-submit (against services given by address).
     env["KAFKA_BATCH_TEST_SPARK_CONN"] = "spark_connect_default" if started else "spark_default"
     env["KAFKA_BATCH_LOG_DIR"] = str(base / "cli-logs")  # the CLI's Spark logs and outputs (helpers.run_cli)
-    # The tests' spark-submit JVMs (and the `spark` fixture's) live seconds over small batches: C1-compiled
-    # code and one GC thread cost less CPU than C2's compilations on two cores (bench: 1,000 records in
-    # 22-23 s instead of 26-27 s). Users' jobs keep the JVM's defaults.
-    env["SPARK_SUBMIT_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]  # the installed wheel's runs too (test_distribution)
     # The spark-submit JVMs' class archive (kafka_batch.spark.jvm_archive): the session's first batch
     # through spark-submit writes it, later ones map it; never the user's ~/.cache.
     env["KAFKA_BATCH_JVM_ARCHIVE_DIR"] = str(base / "jvm-archive")
@@ -142,33 +150,33 @@ def pytest_xdist_make_scheduler(config, log):
     return Scheduling(config, log)
 
 
-# The units of work that take longest, longest first (per-file times of a `pytest -n 3` run, `make test`):
+# The units of work that take longest, longest first (per-file times of a `make test` run on two cores):
 # the workers take units in collection order, so the last ones to start are short and no worker waits long
 # for the others at the end. Files not listed follow in their usual order.
 LONGEST_FIRST = (
-    "tests/airflow/",  # 550-720 s: the DAG runs, the console and a backfill, one after the other on one worker
-    "tests/integration/test_failover.py",  # 240-300 s: a three-node cluster of its own (its node kills: make chaos)
-    "tests/integration/test_chaos.py",  # 150-170 s
-    "tests/integration/test_upgrade.py",  # 60-190 s: an earlier version's batches through spark-submit, then ours
-    "tests/integration/test_kafka_sink.py",  # 130-150 s
-    "tests/integration/test_distribution.py",  # 100-190 s: a wheel installed into a fresh virtualenv
-    "tests/integration/test_kafka_changelog.py",  # 60-95 s
-    "tests/integration/test_standalone.py",  # 70-85 s: a Spark standalone cluster
-    "tests/integration/test_upsert.py",  # 60-90 s
-    "tests/integration/test_many_partitions.py",  # 60-70 s
-    "tests/integration/test_expressions.py",  # 50-60 s: Spark's analyzer, a local session too
-    "tests/integration/test_end_to_end.py",  # 55-65 s
-    "tests/local/test_local_stack.py",  # 50-55 s
-    "tests/integration/test_kafka_security.py",  # 55-60 s: a secured node of its own
-    "tests/integration/test_avro.py",  # 45-65 s
-    "tests/integration/test_operations.py",  # 45-55 s
-    "tests/integration/test_metrics.py",
+    "tests/airflow/",  # 570 s: the DAG runs, the console and a backfill, one after the other on one worker
+    "tests/integration/test_failover.py",  # 220 s: a three-node cluster of its own (its node kills: make chaos)
+    "tests/integration/test_chaos.py",  # 115 s
+    "tests/integration/test_kafka_sink.py",  # 115 s
+    "tests/integration/test_standalone.py",  # 105 s: a Spark standalone cluster
+    "tests/integration/test_distribution.py",  # 100 s: a wheel installed into a fresh virtualenv
+    "tests/integration/test_kafka_changelog.py",  # 85 s
+    "tests/integration/test_many_partitions.py",  # 85 s
+    "tests/integration/test_upgrade.py",  # 70 s: an earlier version's batches through spark-submit, then ours
+    "tests/integration/test_upsert.py",  # 60 s
+    "tests/integration/test_expressions.py",  # 60 s: Spark's analyzer, a local session too
+    "tests/integration/test_end_to_end.py",  # 55 s
+    "tests/integration/test_kafka_security.py",  # 50 s: a secured node of its own
+    "tests/local/test_local_stack.py",  # 45 s
+    "tests/integration/test_avro.py",  # 45 s
+    "tests/integration/test_operations.py",  # 45 s
     "tests/integration/test_retention.py",
+    "tests/integration/test_metrics.py",
     "tests/integration/test_reader.py",
-    "tests/integration/test_connect_session.py",  # 25-45 s: a Spark Connect server of its own
+    "tests/integration/test_connect_session.py",  # a Spark Connect server of its own
     "tests/integration/test_concurrent.py",
-    "tests/integration/test_getting_started.py",
     "tests/integration/test_compaction.py",
+    "tests/integration/test_getting_started.py",
 )
 
 

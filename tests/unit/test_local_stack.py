@@ -186,3 +186,18 @@ def test_env_sh_gives_a_shell_the_connections_and_the_virtualenvs_commands(tmp_p
     assert (kafka_batch, airflow) == (str(bin_dir / "kafka-batch"), str(bin_dir / "airflow"))
     assert conn == "it's {\"a\": 1}"
     assert path.split(":").count(str(bin_dir)) == 1
+
+
+def test_a_kafka_node_takes_the_environments_jvm_performance_options_in_place_of_kafkas_as_its_scripts_do(
+        monkeypatch, tmp_path):
+    from kafka_batch_dev import kafka_broker
+
+    config = tmp_path / "server.properties"
+    monkeypatch.delenv(kafka_broker.PERFORMANCE_OPTIONS_VARIABLE, raising=False)
+    default = kafka_broker.node_command(tmp_path, config, None)
+    assert "-XX:+UseG1GC" in default and "-XX:+UseSerialGC" not in default
+    monkeypatch.setenv(kafka_broker.PERFORMANCE_OPTIONS_VARIABLE, " -XX:TieredStopAtLevel=1  -XX:+UseSerialGC ")
+    chosen = kafka_broker.node_command(tmp_path, config, None)
+    assert "-XX:+UseG1GC" not in chosen and chosen[1:5] == ["-Xmx1g", "-Xms256m", "-XX:TieredStopAtLevel=1",
+                                                              "-XX:+UseSerialGC"]
+    assert chosen[-2:] == [kafka_broker.MAIN_CLASS, str(config)]

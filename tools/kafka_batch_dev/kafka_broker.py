@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shlex
 import shutil
 import subprocess
 import uuid
@@ -39,6 +40,9 @@ STORAGE_TOOL = "kafka.tools.StorageTool"
 JVM_OPTIONS = ("-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
                "-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvokesConcurrent",
                "-Djava.awt.headless=true")
+# As in kafka-run-class.sh, the environment's KAFKA_JVM_PERFORMANCE_OPTS replaces them (the tests' nodes:
+# tests/conftest.py).
+PERFORMANCE_OPTIONS_VARIABLE = "KAFKA_JVM_PERFORMANCE_OPTS"
 # One node's heap alone, each of three's: the cluster's JVMs share two cores and the memory with Spark
 # Connect, Postgres and Airflow (three 512 MB heaps held 3M-record batches and node kills).
 HEAP = {1: ("-Xmx1g", "-Xms256m"), 3: ("-Xmx512m", "-Xms128m")}
@@ -163,8 +167,14 @@ def _jvm_command(home: Path, config: Path, java_home: str | None, options: tuple
             "-cp", classpath(home), main_class, *args]
 
 
+def jvm_performance_options() -> tuple[str, ...]:
+    """The JVM's performance settings of every Kafka class run here: the environment's, or Kafka's own."""
+    configured = os.environ.get(PERFORMANCE_OPTIONS_VARIABLE, "").strip()
+    return tuple(shlex.split(configured)) if configured else JVM_OPTIONS
+
+
 def node_command(home: Path, config: Path, java_home: str | None, nodes: int = 1) -> list[str]:
-    return _jvm_command(home, config, java_home, (*HEAP[nodes], *JVM_OPTIONS), MAIN_CLASS, str(config))
+    return _jvm_command(home, config, java_home, (*HEAP[nodes], *jvm_performance_options()), MAIN_CLASS, str(config))
 
 
 def formatted(config: Path) -> bool:
@@ -180,7 +190,7 @@ def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: 
         return
     cluster_id = cluster_id or new_cluster_id()
     # One argument with its option: an id may begin with "-", which would read as an option of its own.
-    command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
+    command = _jvm_command(home, config, java_home, ("-Xmx256m", *jvm_performance_options()), STORAGE_TOOL, "format", "--config", str(config),
                            f"--cluster-id={cluster_id}", *(extra_args or ()))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:

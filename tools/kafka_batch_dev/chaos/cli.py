@@ -29,7 +29,7 @@ from kafka_batch_dev.chaos.harness import (
     recover,
 )
 from kafka_batch_dev.chaos.pipeline import create_pipeline
-from kafka_batch_dev.chaos.scenarios import CLUSTER_SCENARIOS, SCENARIOS, scenario
+from kafka_batch_dev.chaos.scenarios import CLUSTER_SCENARIOS, DRIVER_STRIKES, SCENARIOS, scenario
 from kafka_batch_dev.chaos.soak import soak
 from kafka_batch_dev.chaos.truth import Codec, Memory, check, commit_late, produce
 
@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-every", type=float, default=15, metavar="SECONDS", help="in the soak")
     parser.add_argument("--recover-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
                         help="how the fault-free runs after a strike reach Spark (spark-connect: the server of "
-                        "`kafka-batch local up`; strikes always go through spark-submit)")
+                        "`kafka-batch local up`)")
+    parser.add_argument("--strike-on", choices=["spark-submit", "spark-connect"], default="spark-submit",
+                        help="how the struck run reaches Spark where the strike hits the driver's commit alone "
+                        "(kill-commit, kill-published, kill-after-commit, terminate-commit); the other strikes "
+                        "always go through spark-submit")
     parser.add_argument("--services-home", type=Path, help="the local home whose Kafka node and Postgres the restarts"
                         " stop and start (default: `kafka-batch local`'s)")
     args = parser.parse_args(argv)
@@ -64,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
     recovery_env = env if args.recover_on == "spark-submit" else connect_environment(env)
+    driver_strike_env = env if args.strike_on == "spark-submit" else connect_environment(env)
     results = {}
     names = args.scenarios if args.scenarios is not None else ",".join(
         SCENARIOS + (CLUSTER_SCENARIOS if len(harness.kafka_nodes()) >= 3 else []))
@@ -83,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 late = produce(topic, args.partitions, args.records, rng, open_txn=iteration % 2 == 0, codec=codec)
                 produced = time.monotonic()
                 outcome.records += args.records
-                outcome.faults += scenario(strike, pipeline, topic, f"it{iteration}", env, rng, tables, memory, path)
+                strike_env = driver_strike_env if strike in DRIVER_STRIKES else env
+                outcome.faults += scenario(strike, pipeline, topic, f"it{iteration}", strike_env, rng, tables, memory,
+                                           path)
                 struck = time.monotonic()
                 if late is not None:
                     commit_late(late)

@@ -240,5 +240,10 @@ SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-producing", "
              "zombie", "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart",
              "broker-kill", "task-retry", "retention-skip", "retention-fail", "kill-reading:avro", "broker-kill-reading",
              "broker-kill-publishing", "broker-kill-published"]
+# Strikes on the driver's commit alone: under Spark Connect the CLI is the driver and commits, so they land
+# the same there (`--strike-on spark-connect`). The others strike the run's Spark processes (its workers,
+# a spark-submit that outlives the CLI, a group stopped mid-publish), which only spark-submit puts in the
+# run's process group.
+DRIVER_STRIKES = {"kill-commit", "kill-published", "kill-after-commit", "terminate-commit"}
 # On a three-node cluster (make up KAFKA_NODES=3): a node SIGKILLed in a batch's phase.
 CLUSTER_SCENARIOS = ["node-kill-reading", "node-kill-publishing", "node-kill-published", "controller-kill"]
