@@ -135,16 +135,25 @@ def _stop_services(base: Path) -> None:
 _SHARED: dict = {}
 
 
+# The test files that use the `spark` fixture: one worker runs them, so the session starts one local
+# SparkSession's JVM, not one on each worker (pytest_collection_modifyitems keeps the list whole).
+LOCAL_SPARK = ("tests/integration/test_reader.py", "tests/integration/test_spark_start.py",
+               "tests/integration/test_fencing.py", "tests/integration/test_json_fields.py",
+               "tests/integration/test_transform.py")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Test files spread over the workers, except those under tests/airflow: they run DAGs on the shared
-    Airflow metadata database, so one worker runs them one after the other."""
+    Airflow metadata database, so one worker runs them one after the other; and those of LOCAL_SPARK."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "tests/airflow" if path.startswith("tests/airflow/") else path
+            if path.startswith("tests/airflow/"):
+                return "tests/airflow"
+            return "local spark" if path in LOCAL_SPARK else path
 
     config.option.loadscopereorder = False  # in collection order (below), not by number of tests
     return Scheduling(config, log)
@@ -181,6 +190,11 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(config, items):
+    unlisted = sorted({item.nodeid.split("::", 1)[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+                      - set(LOCAL_SPARK))
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(unlisted)} use the `spark` fixture: add them to LOCAL_SPARK (tests/conftest.py)")
+
     def rank(item) -> int:
         return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)), len(LONGEST_FIRST))
 
