@@ -190,8 +190,8 @@ def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: 
         return
     cluster_id = cluster_id or new_cluster_id()
     # One argument with its option: an id may begin with "-", which would read as an option of its own.
-    command = _jvm_command(home, config, java_home, ("-Xmx256m", *jvm_performance_options()), STORAGE_TOOL, "format", "--config", str(config),
-                           f"--cluster-id={cluster_id}", *(extra_args or ()))
+    command = _jvm_command(home, config, java_home, ("-Xmx256m", *jvm_performance_options()), STORAGE_TOOL,
+                           "format", "--config", str(config), f"--cluster-id={cluster_id}", *(extra_args or ()))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"formatting the Kafka node's storage failed (exit {result.returncode}):\n"
