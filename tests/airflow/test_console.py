@@ -437,7 +437,8 @@ def test_the_page_in_the_airflow_ui_shows_what_postgres_and_kafka_hold(server, p
                 anchor = frame.locator(link).first
                 assert anchor.get_attribute("target") == "_top", link
                 assert leads_to(path)(anchor.evaluate("a => a.href")), (link, anchor.evaluate("a => a.href"))
-            anchor.click()
+            _, followed, path = links[-1]  # the replay DAG's
+            frame.locator(followed).first.click()
             page.wait_for_url(leads_to(path))
             assert page.locator("iframe[title='Kafka batches']").count() == 0  # Airflow's page, not the console
             page.get_by_role("button", name="Trigger").first.wait_for()  # the replay DAG's page

@@ -160,21 +160,23 @@ def _java(java_home: str | None) -> str:
     return str(Path(java_home) / "bin" / "java") if java_home else (shutil.which("java") or "java")
 
 
-def _jvm_command(home: Path, config: Path, java_home: str | None, options: tuple[str, ...], main_class: str,
-                 *args: str) -> list[str]:
-    """A Kafka class run on the broker's jars, logging as `config`'s directory says."""
-    return [_java(java_home), *options, f"-Dlog4j2.configurationFile={config.parent / 'log4j2.properties'}",
-            "-cp", classpath(home), main_class, *args]
-
-
 def jvm_performance_options() -> tuple[str, ...]:
     """The JVM's performance settings of every Kafka class run here: the environment's, or Kafka's own."""
     configured = os.environ.get(PERFORMANCE_OPTIONS_VARIABLE, "").strip()
     return tuple(shlex.split(configured)) if configured else JVM_OPTIONS
 
 
+def _jvm_command(home: Path, config: Path, java_home: str | None, heap: tuple[str, ...], main_class: str,
+                 *args: str) -> list[str]:
+    """A Kafka class run on the broker's jars with `heap` and the performance settings (as
+    kafka-run-class.sh runs every class), logging as `config`'s directory says."""
+    return [_java(java_home), *heap, *jvm_performance_options(),
+            f"-Dlog4j2.configurationFile={config.parent / 'log4j2.properties'}",
+            "-cp", classpath(home), main_class, *args]
+
+
 def node_command(home: Path, config: Path, java_home: str | None, nodes: int = 1) -> list[str]:
-    return _jvm_command(home, config, java_home, (*HEAP[nodes], *jvm_performance_options()), MAIN_CLASS, str(config))
+    return _jvm_command(home, config, java_home, HEAP[nodes], MAIN_CLASS, str(config))
 
 
 def formatted(config: Path) -> bool:
@@ -190,8 +192,8 @@ def format_storage(home: Path, config: Path, java_home: str | None, cluster_id: 
         return
     cluster_id = cluster_id or new_cluster_id()
     # One argument with its option: an id may begin with "-", which would read as an option of its own.
-    command = _jvm_command(home, config, java_home, ("-Xmx256m", *jvm_performance_options()), STORAGE_TOOL,
-                           "format", "--config", str(config), f"--cluster-id={cluster_id}", *(extra_args or ()))
+    command = _jvm_command(home, config, java_home, ("-Xmx256m",), STORAGE_TOOL, "format", "--config", str(config),
+                           f"--cluster-id={cluster_id}", *(extra_args or ()))
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"formatting the Kafka node's storage failed (exit {result.returncode}):\n"
