@@ -58,3 +58,14 @@ def test_views_of_removed_packages_are_removed_when_a_new_view_is_made(tmp_path,
     new = spark_home.without_zipped_python(_package(tmp_path / "new-venv"))
     assert sorted(p.name for p in new.parent.iterdir()) == sorted([kept.name, new.name])
     assert not gone.exists()
+
+
+def test_spark_submits_launcher_jvm_starts_with_c1_and_your_options_after(monkeypatch):
+    from kafka_batch.spark import submit
+
+    monkeypatch.delenv("SPARK_LAUNCHER_OPTS", raising=False)
+    assert submit.spark_environment()["SPARK_LAUNCHER_OPTS"] == submit.LAUNCHER_JVM
+    monkeypatch.setenv("SPARK_LAUNCHER_OPTS", "-XX:+UseParallelGC")  # yours win: a JVM takes the last
+    assert submit.spark_environment()["SPARK_LAUNCHER_OPTS"] == f"{submit.LAUNCHER_JVM} -XX:+UseParallelGC"
+    monkeypatch.setenv("SPARK_LAUNCHER_OPTS", submit.launcher_options())  # an environment made from ours
+    assert submit.spark_environment()["SPARK_LAUNCHER_OPTS"] == f"{submit.LAUNCHER_JVM} -XX:+UseParallelGC"

