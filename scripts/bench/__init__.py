@@ -15,7 +15,8 @@ produces the data, plans every batch, then measures (each with the load average 
                   process over the same records; on Spark Connect also after a minute idle (Spark has then
                   killed its Python workers)
   airflow         the same batch as an Airflow DAG run (Airflow started here on the bench's pipelines, its
-                  scheduler and LocalExecutor): the execute task's duration, and the whole run's
+                  scheduler and LocalExecutor), on Spark Connect and through spark-submit by turns: the
+                  execute task's duration, and the whole run's
   kafka-sink      the small size's records published to a topic by a pipeline's Kafka sink, against a plain
                   consume-transform-produce loop committing a transaction every 10,000 records, on the same
                   messages: the loop adding the sink's lineage headers, and the sink without them against the

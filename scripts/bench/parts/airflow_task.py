@@ -1,4 +1,4 @@
-"""The `airflow` part: a small batch as an Airflow DAG run (target 11's other half)."""
+"""The `airflow` part: a small batch as an Airflow DAG run, in each execution mode (target 11's other half; 68)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import time
 from datetime import datetime
 
-from bench.env import CONNECT, Env
+from bench.env import CONNECT, MODE, SUBMIT, Env
 from bench.harness import ROWS, row, settle
 from bench.peers.plain import plain_process
 from kafka_batch_dev import local_stack, sample_data
@@ -40,11 +40,12 @@ def _dag_run(server: Server, token: str, dag_id: str, timeout_s: float = 600) ->
 
 
 def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
-    """The fixed cost of a small batch in an Airflow task (target 11's other half): Airflow's scheduler and
-    LocalExecutor run the pipeline's DAG as they run the samples', and the execute task's duration as
-    Airflow records it is measured (the task parses the DAG file, resolves the connections, runs the
-    batch on Spark Connect and commits), with the whole DAG run's (four tasks and the scheduler's turns).
-    Airflow is started here on the bench's pipelines, and stopped at the end."""
+    """The fixed cost of a small batch in an Airflow task (target 11's other half, and issue 68's target for
+    spark-submit where production runs it): Airflow's scheduler and LocalExecutor run the pipelines' DAGs
+    as they run the samples', and the execute task's duration as Airflow records it is measured (the task
+    parses the DAG file, resolves the connections, runs the batch and commits), with the whole DAG run's
+    (four tasks and the scheduler's turns). Two pipelines read the same topic, one per execution mode, and
+    take turns. Airflow is started here on the bench's pipelines, and stopped at the end."""
     base = local_stack.home()
     state = local_stack.read_state(base)
     if local_stack.airflow_running(state):
@@ -52,33 +53,43 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
         return []
     topic = f"{env.prefix}_airflow"
     sample_data.ensure_topic(env.kafka, topic, 1)
-    pipeline = env.pipeline("airflow", topic, CONNECT)
+    pipelines = {CONNECT: env.pipeline("airflow", topic, CONNECT), SUBMIT: env.pipeline("airflow_submit", topic, SUBMIT)}
     produced = args.fixed_records
     sample_data.produce_page_views(env.kafka, topic, produced, seed=6)
     url = local_stack.start_airflow(base, state, {"KAFKA_BATCH_PIPELINES_DIR": str(env.pipelines)})
     try:
         server = Server(url, *local_stack.airflow_login(base), base / "airflow-api-server.log")
         token = server.token()
-        deadline = time.monotonic() + 180
-        # The DAG processor's first parse of the DAG file: until then the DAG is not found.
-        while (status := server.call("PATCH", f"api/v2/dags/{pipeline.dag_id}", {"is_paused": False},
-                                     token=token)[0]) == 404 and time.monotonic() < deadline:
-            time.sleep(2)
-        if status >= 300:
-            raise RuntimeError(f"Airflow answered {status} to unpausing {pipeline.dag_id}; see {server.log}")
-        _dag_run(server, token, pipeline.dag_id)  # a new package's first batch starts the session's Python workers
+        for pipeline in pipelines.values():
+            _unpause(server, token, pipeline.dag_id)
+            # A new package's first batch on Spark Connect starts the session's Python workers; the first
+            # spark-submit of this bench's run was the `fixed` part's or this one.
+            _dag_run(server, token, pipeline.dag_id)
         for n in range(args.repeat):
             sample_data.produce_page_views(env.kafka, topic, args.fixed_records, seed=60 + n)
             produced += args.fixed_records
-            settle(idle_pct=30)  # Airflow's own loops keep an idle machine a little busy
-            took = _dag_run(server, token, pipeline.dag_id)
-            row("fixed cost in an Airflow task, Spark Connect", took["execute"], "s", f"the execute task of a DAG run"
-                f" of {args.fixed_records:,} records (Airflow's duration); the run's tasks {took}", tasks=took)
-            row("DAG run of a small batch, Spark Connect", took["run"], "s", f"{args.fixed_records:,} records: plan,"
-                " execute, report and the scheduler's turns between them", tasks=took)
+            for spark, pipeline in pipelines.items():
+                settle(idle_pct=30)  # Airflow's own loops keep an idle machine a little busy
+                took = _dag_run(server, token, pipeline.dag_id)
+                row(f"fixed cost in an Airflow task, {MODE[spark]}", took["execute"], "s", f"the execute task of a DAG"
+                    f" run of {args.fixed_records:,} records (Airflow's duration); the run's tasks {took}", tasks=took)
+                row(f"DAG run of a small batch, {MODE[spark]}", took["run"], "s", f"{args.fixed_records:,} records:"
+                    " plan, execute, report and the scheduler's turns between them", tasks=took)
     finally:
         local_stack.stop_airflow(state)
-    best = next(r for r in ROWS if r["name"] == "fixed cost in an Airflow task, Spark Connect")
+    best = {spark: next(r for r in ROWS if r["name"] == f"fixed cost in an Airflow task, {MODE[spark]}")["value"]
+            for spark in pipelines}
     plain = plain_process(env, [(topic, 0, produced - args.fixed_records, produced)],
                           name="plain consumer process, Airflow task's records")
-    return [("11 same, Airflow's execute task / plain process <= 7", best["value"] / plain["value"], 7, "<=")]
+    return [("11 same, Airflow's execute task / plain process <= 7", best[CONNECT] / plain["value"], 7, "<="),
+            ("68 fixed cost (s) <= 5, spark-submit, Airflow's execute task", best[SUBMIT], 5, "<=")]
+
+
+def _unpause(server: Server, token: str, dag_id: str) -> None:
+    """Unpause the DAG once the DAG processor's first parse of its file has found it (404 until then)."""
+    deadline = time.monotonic() + 180
+    while (status := server.call("PATCH", f"api/v2/dags/{dag_id}", {"is_paused": False},
+                                 token=token)[0]) == 404 and time.monotonic() < deadline:
+        time.sleep(2)
+    if status >= 300:
+        raise RuntimeError(f"Airflow answered {status} to unpausing {dag_id}; see {server.log}")
