@@ -23,10 +23,10 @@ from kafka_batch_dev.chaos.harness import (
     RECOVERY_BOUND_S,
     Outcome,
     chaos_environment,
-    connect_environment,
     kafka_bootstrap,
     pg_params,
     recover,
+    run_environment,
 )
 from kafka_batch_dev.chaos.pipeline import create_pipeline
 from kafka_batch_dev.chaos.scenarios import CLUSTER_SCENARIOS, DRIVER_STRIKES, SCENARIOS, scenario
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     # The suite's pipelines live in a directory of their own, never among the project's pipelines.
     pipelines_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_pipelines_"))
     env["KAFKA_BATCH_PIPELINES_DIR"] = str(pipelines_dir)
-    recovery_env = env if args.recover_on == "spark-submit" else connect_environment(env)
-    driver_strike_env = env if args.strike_on == "spark-submit" else connect_environment(env)
+    recovery_env = run_environment(env, args.recover_on, "--recover-on")
+    driver_strike_env = run_environment(env, args.strike_on, "--strike-on")
     results = {}
     names = args.scenarios if args.scenarios is not None else ",".join(
         SCENARIOS + (CLUSTER_SCENARIOS if len(harness.kafka_nodes()) >= 3 else []))

@@ -123,13 +123,14 @@ def chaos_environment() -> dict[str, str]:
     return env
 
 
-def connect_environment(env: dict[str, str]) -> dict[str, str]:
-    """The same pipelines, run on the local Spark Connect server: their `spark_default` points at it."""
+def run_environment(env: dict[str, str], spark: str, option: str) -> dict[str, str]:
+    """The pipelines' environment for runs that reach Spark as `option` says (`spark`): through spark-submit
+    as they are, or on the local Spark Connect server, their `spark_default` pointing at it."""
+    if spark == "spark-submit":
+        return env
     if "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT" not in env:
-        raise SystemExit("--recover-on spark-connect needs the Spark Connect server: kafka-batch local up starts it")
+        raise SystemExit(f"{option} spark-connect needs the Spark Connect server: kafka-batch local up starts it")
     return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]}
-
-
 
 
 def start_run(pipeline: str, run_id: str, env: dict) -> subprocess.Popen:
