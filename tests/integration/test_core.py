@@ -224,6 +224,24 @@ def test_aggregate_keys_in_one_or_several_ranges_add_up_and_a_key_twice_in_a_ran
         commit_batch(conn, pipeline, third.id, attempt, {"aggregate": SinkOutput(
             {one: RangeCounts(3), two: RangeCounts(1)}, _contributions([(one, "/a", 1), (two, "/a", 1), (one, "/a", 2)]))})
     assert positions(pipeline.name) == before and table_contents(pipeline) == expected
+
+    # Keys in both ranges again, one of them in the totals already: its sums are added to its total.
+    attempt = attempts.claim_attempt(conn, third.id)
+    commit_batch(conn, pipeline, third.id, attempt, {"aggregate": SinkOutput(
+        {one: RangeCounts(3), two: RangeCounts(4)},
+        _contributions([(one, "/a", 1), (two, "/a", 2), (one, "/e", 2), (two, "/e", 2)]))})
+    expected = {**expected, ("/a", MINUTE): (9, 90), ("/e", MINUTE): (4, 40)}
+    assert table_contents(pipeline) == expected
+
+    # A sum past bigint's bounds (10 * 2^59 ms in each range) is refused by Postgres, never wrapped around.
+    fourth = _plan(conn, pipeline, "r4", [OffsetRange(topic, 0, 30, 40), OffsetRange(topic, 1, 30, 40)])
+    one, two = (r.range_id for r in fourth.ranges)
+    attempt = attempts.claim_attempt(conn, fourth.id)
+    before = positions(pipeline.name)
+    with pytest.raises(psycopg2.errors.NumericValueOutOfRange, match="bigint out of range"):
+        commit_batch(conn, pipeline, fourth.id, attempt, {"aggregate": SinkOutput(
+            {one: RangeCounts(1), two: RangeCounts(1)}, _contributions([(one, "/big", 2**59), (two, "/big", 2**59)]))})
+    assert positions(pipeline.name) == before and table_contents(pipeline) == expected
     conn.close()
 
 

