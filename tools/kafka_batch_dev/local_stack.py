@@ -627,6 +627,9 @@ def spark_connect_server(port: int, master: str | None = None,
     cores = os.cpu_count() or 2
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores,  # the job packs at least one read task per core
+            # Spark's 1g fell short once under `make bench`: a 3M-record Avro batch's aggregate result
+            # (2.3M rows, two task results of 71 MB) met a heap that earlier runs had filled.
+            "spark.driver.memory": "2g",
             **(extra or {})}
     if importlib.util.find_spec(DAEMON_MODULE.split(".")[0]) is not None:
         conf["spark.python.daemon.module"] = DAEMON_MODULE
