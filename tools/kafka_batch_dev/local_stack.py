@@ -628,7 +628,7 @@ def spark_connect_server(port: int, master: str | None = None,
     conf = {**SPARK_CONF, "spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": port,
             "spark.default.parallelism": cores,  # the job packs at least one read task per core
             # Spark's 1g fell short once under `make bench`: a 3M-record Avro batch's aggregate result
-            # (2.3M rows, two task results of 71 MB) met a heap that earlier runs had filled.
+            # (two task results of 71 MB) met a heap that earlier runs had filled.
             "spark.driver.memory": "2g",
             **(extra or {})}
     if importlib.util.find_spec(DAEMON_MODULE.split(".")[0]) is not None:
