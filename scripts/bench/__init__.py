@@ -28,6 +28,7 @@ produces the data, plans every batch, then measures (each with the load average 
   commit          commit_batch of 100k distinct aggregate contribution rows
   many keys       records over about as many (user, minute) keys: the job via Spark Connect and spark-submit
                   against the plain consumer aggregating the same, and the commit of that many contribution rows
+                  (each key in one range, and each in two)
   upsert          an upsert pipeline over UPSERT_RECORDS records of UPSERT_KEYS customers (5% tombstones),
                   via spark-submit and via Spark Connect, against a plain consumer that upserts each
                   consumed chunk with execute_values (the Kafka Connect JDBC sink's way); the commit of
