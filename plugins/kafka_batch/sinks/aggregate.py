@@ -10,7 +10,7 @@ the table grows with the keys and the horizon, not with every batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from psycopg2 import sql
 from pydantic import model_validator
@@ -197,7 +197,8 @@ class AggregateSink(TableSink):
             cur.execute(sql.SQL("DROP TABLE {}").format(_ADDED))  # another aggregate sink may commit next
         return changed
 
-    def _added(self, cur, rows: pa.Table, range_ids: list[int], starts: np.ndarray | None) -> tuple[sql.Composable, Any]:
+    def _added(self, cur, rows: pa.Table, range_ids: list[int],
+               starts: np.ndarray | None) -> tuple[sql.Composable, tuple | None]:
         """What the MERGE adds per key, and its parameters. Where each key has one range, the rows just
         COPYed, in their (key) order. Else their sums per key, added up here in key order into a temporary
         table; or, where an integer sum could pass bigint's bounds, by Postgres (exactly, in numeric, but
