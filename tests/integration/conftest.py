@@ -78,8 +78,11 @@ class KafkaCluster:
     def warm(self) -> None:
         """The internal topics exist (the first group offset and the first transactional producer make them)
         and each partition is led by its preferred node again (kills leave every leader on the survivors)."""
+        import time
+
         from confluent_kafka import Consumer, ElectionType, KafkaException, Producer, TopicPartition
 
+        from kafka_batch.kafka.publish import COORDINATOR_MOVED
         from kafka_batch_dev import sample_data
 
         producer = Producer({**self.config, "transactional.id": "kafka-batch-tests.warm"})
@@ -87,7 +90,15 @@ class KafkaCluster:
         producer.close()
         group = Consumer({**self.config, "group.id": "kafka-batch-tests.warm", "enable.auto.commit": False})
         sample_data.ensure_topic(self.config, "kafka_batch_tests_warm", 1)
-        group.commit(offsets=[TopicPartition("kafka_batch_tests_warm", 0, 0)], asynchronous=False)
+        deadline = time.monotonic() + 60
+        while True:  # a coordinator just elected answers COORDINATOR_LOAD_IN_PROGRESS until it has read its log
+            try:
+                group.commit(offsets=[TopicPartition("kafka_batch_tests_warm", 0, 0)], asynchronous=False)
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() not in COORDINATOR_MOVED or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         group.close()
         admin = self._admin()
         internal = [TopicPartition(topic, p) for topic in ("__consumer_offsets", "__transaction_state") for p in range(4)]

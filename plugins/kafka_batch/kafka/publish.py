@@ -367,8 +367,9 @@ def _publish_group(config: dict[str, Any], group_id: str) -> Consumer:
     return Consumer({**config, "group.id": group_id, "enable.auto.commit": False, "logger": LIBRDKAFKA_LOG})
 
 
-_COORDINATOR_MOVED = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                      KafkaError.COORDINATOR_NOT_AVAILABLE)
+# A group's coordinator moved or is still reading its log: asked again, the next answer may be the one.
+COORDINATOR_MOVED = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                     KafkaError.COORDINATOR_NOT_AVAILABLE)
 
 
 def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tuple[str, int]],
@@ -388,7 +389,7 @@ def _identities(group: Consumer, group_id: str, topic: str, inputs: Iterable[tup
             denied = refused(exc.args[0], f"Describe on the publish group {group_id!r}")
             if denied:
                 raise denied from None
-            if exc.args[0].code() not in _COORDINATOR_MOVED or time.monotonic() >= deadline:
+            if exc.args[0].code() not in COORDINATOR_MOVED or time.monotonic() >= deadline:
                 raise _service_error(f"could not read the publish group {group_id}", exc) from None
             time.sleep(0.5)
     return [found for tp in committed if (found := Published.from_metadata(tp.metadata)) is not None]
