@@ -133,6 +133,7 @@ def _stop_services(base: Path) -> None:
 # Under pytest-xdist (`make test` runs three workers) the controller starts the services once, before the
 # workers, hands their environment to every worker and stops them after the last test.
 _SHARED: dict = {}
+_SESSION_CLOCK = pytest.StashKey[tuple]()
 
 
 # The test files that use the `spark` fixture: one worker runs them, so the session starts one local
@@ -208,9 +209,33 @@ def pytest_configure_node(node):
     node.workerinput[SHARED_SERVICES] = json.dumps(_SHARED["env"])
 
 
+def _machine_cpu() -> tuple[float, float, float] | None:
+    """Seconds since boot the machine's cores computed, had stolen by the hypervisor, and in all
+    (Linux's /proc/stat: user nice system idle iowait irq softirq steal; guest time is already in user)."""
+    try:
+        ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:3]) + ticks[5] + ticks[6]) / hz, ticks[7] / hz, sum(ticks) / hz
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_SESSION_CLOCK] = time.monotonic(), _machine_cpu()
+
+
 def pytest_unconfigure(config):
     if _SHARED:
         _stop_services(_SHARED["base"])
+    if _SESSION_CLOCK in config.stash:
+        # The suite's time is as much the machine's as the tests': said beside how busy its cores were.
+        started, cpu_before = config.stash[_SESSION_CLOCK]
+        cpu_after, seconds = _machine_cpu(), time.monotonic() - started
+        if cpu_before and cpu_after and seconds > 60:
+            busy, stolen, total = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
+            print(f"session: {seconds:.0f} s; the machine's {os.cpu_count()} cores computed {busy / total:.0%} of it"
+                  f" ({busy:.0f} CPU s), {stolen / total:.0%} stolen by the hypervisor")
 
 
 @pytest.fixture(scope="session")
