@@ -87,8 +87,6 @@ def main() -> int:
         delete_topics(env.kafka, prefix)
 
 
-
-
 def measure(args: argparse.Namespace, env: Env) -> int:
     """Run the parts `--only` names (default: every one), then print and write their results; a part that
     fails is named in the report (and the exit code), the others' results are kept."""

@@ -243,7 +243,6 @@ def test_compose_services_are_checked_healthy_and_share_one_jwt_secret():
         assert services[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"] == "${AIRFLOW_JWT_SECRET}", name
 
 
-
 def test_secrets_file_is_never_committed_and_the_example_names_every_variable():
     """Users copy .env.example to .env (the README says so): git must ignore it, and the example must
     give every variable the compose file interpolates."""

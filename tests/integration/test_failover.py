@@ -287,7 +287,6 @@ def test_the_active_controller_killed_as_a_batch_is_planned(on_cluster):
     records_published(pipeline, output, on_cluster)
 
 
-
 def test_what_the_sinks_producer_acknowledged_survives_its_leader_dying_before_the_followers_copied_it(on_cluster):
     # Why the sink's producer writes with acks=all and idempotence (publish.DURABLE). The followers of a
     # partition freeze (in sync still: a host that hangs), records are sent to the leader, and the leader

@@ -182,7 +182,6 @@ def test_packed_spark_tasks_read_every_range_once(transactional_partitions, spar
     assert set(rows) == _truth(topic, pieces)
 
 
-
 def test_a_read_from_any_offset_returns_every_committed_record_after_it(transactional_partitions):
     """Reads that start anywhere (before, inside and after aborted transactions of the same producer)
     against what the producers' delivery reports say was committed."""

@@ -28,7 +28,6 @@ def claim_attempt(conn, batch_id: int, try_number: int | None = None) -> int:
     return row[0]
 
 
-
 def current_attempt(conn, batch_id: int) -> tuple[int, str] | None:
     """The batch's attempt token and status (a fence watch stops when either changes)."""
     with transaction(conn) as cur:
@@ -37,12 +36,10 @@ def current_attempt(conn, batch_id: int) -> tuple[int, str] | None:
     return None if row is None else (row[0], row[1])
 
 
-
 def mark_failed(conn, batch_id: int, attempt: int, error: str) -> None:
     """Record why the current attempt failed; a committed or newer attempt is left alone."""
     with transaction(conn) as cur:
         set_status(cur, batch_id, BatchStatus.FAILED, attempt=attempt, error=error)
-
 
 
 def lock_current_attempt(cur, pipeline_name: str, batch_id: int, attempt: int) -> Batch:

@@ -19,7 +19,6 @@ from kafka_batch.kafka.ranges import OffsetRange
 BATCH_KINDS = ("batch", "replay")  # a replay recomputes committed ranges and never moves a position
 
 
-
 @dataclass(frozen=True)
 class Batch:
     id: int
@@ -66,7 +65,6 @@ RANGE_COLUMNS = "topic, partition, from_offset, until_offset, id, lost_until"
 _RANGE_COLUMNS = f"{RANGE_COLUMNS}, until_epoch, truncated_from"
 
 
-
 def _batch(cur, row) -> Batch | None:
     if row is None:
         return None
@@ -80,11 +78,9 @@ def _batch(cur, row) -> Batch | None:
                  definition_hash, records_invalid)
 
 
-
 def select_batch(cur, batch_id: int, *, lock: bool = False) -> Batch | None:
     cur.execute(_SELECT_BATCH + "id = %s" + (" FOR UPDATE" if lock else ""), (batch_id,))
     return _batch(cur, cur.fetchone())
-
 
 
 def find_batch(cur, pipeline_name: str, dag_id: str | None, run_id: str) -> Batch | None:
@@ -94,7 +90,6 @@ def find_batch(cur, pipeline_name: str, dag_id: str | None, run_id: str) -> Batc
         (pipeline_name, dag_id, run_id),
     )
     return _batch(cur, cur.fetchone())
-
 
 
 def unfinished(cur, pipeline_name: str) -> Batch | None:
@@ -120,7 +115,6 @@ def load_batch(conn, batch_id: int) -> Batch:
     return batch
 
 
-
 def recorded_error(postgres: dict, batch_id: int) -> str:
     """The error the batch's job recorded, for the message of a failed execution (a job may fail before
     it records one, or Postgres may not say)."""
@@ -135,14 +129,12 @@ def recorded_error(postgres: dict, batch_id: int) -> str:
     return error or "the Spark job failed before it recorded an error; its log says why"
 
 
-
 def _store_definition(cur, pipeline: Pipeline) -> str:
     cur.execute(
         "INSERT INTO kafka_batch.definitions (hash, pipeline, definition) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
         (pipeline.definition_hash, pipeline.name, pipeline.snapshot()),
     )
     return pipeline.definition_hash
-
 
 
 def batch_pipeline(conn, batch: Batch) -> Pipeline:
@@ -155,7 +147,6 @@ def batch_pipeline(conn, batch: Batch) -> Pipeline:
     return from_snapshot(definition, source=f"batch {batch.id} (definition {batch.definition_hash[:12]})")
 
 
-
 def _insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, status: BatchStatus, kind: str,
                   requested_by: str | None = None, reason: str | None = None) -> int:
     cur.execute(
@@ -164,7 +155,6 @@ def _insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, stat
         (pipeline.name, dag_id, run_id, status.value, kind, requested_by, reason, _store_definition(cur, pipeline)),
     )
     return cur.fetchone()[0]
-
 
 
 def insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, ranges: list[OffsetRange],
@@ -190,7 +180,6 @@ def insert_batch(cur, pipeline: Pipeline, run_id: str, dag_id: str | None, range
     return select_batch(cur, batch_id)
 
 
-
 def insert_replay(
     cur, pipeline: Pipeline, run_id: str, dag_id: str | None, replaced: list[OffsetRange], requested_by: str,
     reason: str,
@@ -208,7 +197,6 @@ def insert_replay(
     return select_batch(cur, batch_id)
 
 
-
 def set_status(cur, batch_id: int, new: BatchStatus, *, attempt: int | None = None, error: str | None = None) -> bool:
     """Move one batch to `new` if the transitions allow it (and `attempt` is still current)."""
     cur.execute(
@@ -218,7 +206,6 @@ def set_status(cur, batch_id: int, new: BatchStatus, *, attempt: int | None = No
         (new.value, None if error is None else error[:4000], new.value, batch_id, sources(new), attempt, attempt),
     )
     return cur.rowcount == 1
-
 
 
 def supersede_planned(cur, pipeline_name: str, why: str) -> None:
@@ -232,7 +219,6 @@ def supersede_planned(cur, pipeline_name: str, why: str) -> None:
         " WHERE pipeline = %s AND kind = 'batch' AND status = ANY(%s)",
         (BatchStatus.SUPERSEDED.value, why, why, pipeline_name, sources(BatchStatus.SUPERSEDED)),
     )
-
 
 
 def finish(cur, batch: Batch, new: BatchStatus, counts: dict, read_tasks: int | None = None,
@@ -256,7 +242,6 @@ def record_published(cur, batch_id: int, published: dict[str, dict]) -> None:
     cur.execute("UPDATE kafka_batch.batches SET published = %s WHERE id = %s", (json.dumps(published), batch_id))
 
 
-
 def pending_recompute(cur, pipeline_name: str, dag_id: str | None, prefix: str) -> tuple[int, int | None]:
     """Replays whose run id starts with `prefix`: how many, and the newest one still runnable."""
     cur.execute(
@@ -266,7 +251,6 @@ def pending_recompute(cur, pipeline_name: str, dag_id: str | None, prefix: str) 
         (list(RUNNABLE), pipeline_name, dag_id, prefix),
     )
     return cur.fetchone()
-
 
 
 def replay_preview(conn, batch_id: int) -> list[dict]:

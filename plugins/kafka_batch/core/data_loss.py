@@ -22,7 +22,6 @@ def record_data_loss(cur, pipeline_name: str, batch_id: int) -> None:
     )
 
 
-
 def record_loss(conn, range_id: int, lost_until: int) -> None:
     """Under on_data_loss=skip: retention overtook a planned range before it was read."""
     with transaction(conn) as cur:

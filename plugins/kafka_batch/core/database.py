@@ -63,7 +63,6 @@ def transaction(conn) -> Iterator:
             yield cur
 
 
-
 def pending_migrations(conn) -> bool:
     """Whether any sql/NNN_*.sql file is not applied yet: a read, no DDL and no lock."""
     files = {path.name for path in sql_dir().glob("[0-9][0-9][0-9]_*.sql")}
@@ -73,7 +72,6 @@ def pending_migrations(conn) -> bool:
             return True
         cur.execute("SELECT version FROM public.kafka_batch_migrations")
         return bool(files - {row[0] for row in cur.fetchall()})
-
 
 
 def apply_migrations(conn) -> list[str]:

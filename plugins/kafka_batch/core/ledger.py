@@ -24,7 +24,6 @@ def live_ranges(cur, pipeline_name: str, topic: str, partition: int) -> list[Off
     return [OffsetRange(*row) for row in cur.fetchall()]
 
 
-
 def replaced_ranges(cur, batch_id: int, *, lock: bool = False) -> list[tuple[OffsetRange, str | None]]:
     """The committed ranges a replay recomputes, each with what retired it since (None: still live)."""
     cur.execute(
@@ -34,7 +33,6 @@ def replaced_ranges(cur, batch_id: int, *, lock: bool = False) -> list[tuple[Off
         (batch_id,),
     )
     return [(OffsetRange(*row[:6]), row[6]) for row in cur.fetchall()]
-
 
 
 def ranges_beyond(cur, pipeline_name: str, horizon) -> list[int]:
@@ -58,10 +56,8 @@ def ranges_beyond(cur, pipeline_name: str, horizon) -> list[int]:
     return [row[0] for row in cur.fetchall()]
 
 
-
 def mark_folded(cur, range_ids: list[int]) -> None:
     cur.execute("UPDATE kafka_batch.batch_ranges SET folded_at = now() WHERE id = ANY(%s)", (range_ids,))
-
 
 
 def folded(cur, range_ids: list[int]) -> dict[int, datetime]:
@@ -71,7 +67,6 @@ def folded(cur, range_ids: list[int]) -> dict[int, datetime]:
     return dict(cur.fetchall())
 
 
-
 def retire(cur, range_ids: list[int], retired_by: str) -> None:
     """Committed ranges leave the live ledger (their rows stay, marked why) and the quarantine."""
     cur.execute(
@@ -79,7 +74,6 @@ def retire(cur, range_ids: list[int], retired_by: str) -> None:
         (retired_by, range_ids),
     )
     cur.execute("DELETE FROM kafka_batch.quarantine WHERE range_id = ANY(%s)", (range_ids,))
-
 
 
 def record_range_counts(cur, counts: dict) -> None:

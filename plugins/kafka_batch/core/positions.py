@@ -20,7 +20,6 @@ def store_initial_positions(cur, pipeline_name: str, initial: dict[tuple[str, in
         )
 
 
-
 def read_positions(cur, pipeline_name: str) -> dict[tuple[str, int], int]:
     cur.execute(
         "SELECT topic, partition, next_offset FROM kafka_batch.offsets WHERE pipeline = %s", (pipeline_name,)
@@ -37,7 +36,6 @@ def read_epochs(cur, pipeline_name: str) -> dict[tuple[str, int], tuple[int, int
     return {(topic, partition): (offset, epoch) for topic, partition, offset, epoch in cur.fetchall()}
 
 
-
 def _compare_and_set(cur, pipeline_name: str, topic: str, partition: int, expected: int, new: int,
                      batch_id: int | None) -> bool:
     cur.execute(
@@ -46,7 +44,6 @@ def _compare_and_set(cur, pipeline_name: str, topic: str, partition: int, expect
         (new, batch_id, pipeline_name, topic, partition, expected),
     )
     return cur.rowcount == 1
-
 
 
 def move_positions(cur, pipeline_name: str, batch_id: int, ranges: list[OffsetRange]) -> None:
@@ -73,7 +70,6 @@ def move_positions(cur, pipeline_name: str, batch_id: int, ranges: list[OffsetRa
             _refuse_move(cur, pipeline_name, batch_id, r)
 
 
-
 def _refuse_move(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None:
     cur.execute(
         "SELECT next_offset FROM kafka_batch.offsets WHERE pipeline = %s AND topic = %s AND partition = %s",
@@ -85,7 +81,6 @@ def _refuse_move(cur, pipeline_name: str, batch_id: int, r: OffsetRange) -> None
         f"batch {batch_id}: range {r} expected position {r.from_offset} but found {stored}; "
         "another batch moved this partition, nothing was committed"
     )
-
 
 
 def reset_position(cur, pipeline_name: str, topic: str, partition: int, expected: int, target: int, *,

@@ -36,7 +36,6 @@ def keep(cur, pipeline_name: str, batch_id: int, records: pa.Table) -> int:
     return records.num_rows
 
 
-
 def newest(cur, pipeline_name: str, limit: int) -> list[dict]:
     """The newest quarantined records of a pipeline (live ranges only: a replay or rewind removed the rest)."""
     cur.execute(
@@ -47,7 +46,6 @@ def newest(cur, pipeline_name: str, limit: int) -> list[dict]:
     )
     names = ("topic", "partition", "offset", "batch_id", "timestamp", "value_bytes", "reason", "value_start")
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
 
 
 def _copy_text(value) -> str:

@@ -284,7 +284,6 @@ def decode(payload: bytes, start: int, writer: Any, reader: Any) -> dict:
     return record
 
 
-
 class AvroColumn(DecodedColumn):
     """Avro bytes of one side of a record decoded (formats.columns.DecodedColumn); the plain binary is
     written with the view itself."""

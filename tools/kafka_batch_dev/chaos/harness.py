@@ -144,14 +144,10 @@ def batch_of(pipeline: str, run_id: str) -> tuple | None:
     return rows[0] if rows else None
 
 
-
-
 def in_commit(pipeline: str) -> bool:
     """A session of the pipeline holds an open transaction that writes positions or outputs."""
     return bool(sql("SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND xact_start IS NOT NULL"
                     " AND (query ILIKE '%%kafka_batch.offsets%%' OR query ILIKE 'INSERT INTO %%')", APP))
-
-
 
 
 def wait_for(phase: str, pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240,
@@ -187,8 +183,6 @@ def open_transaction(admin: AdminClient, topic: str, partitions: list[int]) -> b
     """Some partition of the topic has a last stable offset below its end: a transaction is open on it."""
     stable, end = end_offsets(admin, topic, partitions), end_offsets(admin, topic, partitions, committed=False)
     return any(stable[p] < end[p] for p in partitions)
-
-
 
 
 def resume(proc: subprocess.Popen) -> None:
@@ -237,8 +231,6 @@ def tasks_running(proc: subprocess.Popen, timeout: float = 120) -> list[psutil.P
     return []
 
 
-
-
 def lag(pipeline: str, topic: str) -> int:
     """Last stable offsets (asked here, not through the pipeline's code) minus the stored positions."""
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap()})
@@ -256,8 +248,6 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
             return time.monotonic() - started
         subprocess.run([CLI, "run", "--pipeline", pipeline], env=env, capture_output=True)
     return float("inf")
-
-
 
 
 def until(found, timeout: float = 10.0):

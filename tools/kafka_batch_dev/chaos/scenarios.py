@@ -234,8 +234,6 @@ def node_scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, 
     return landed
 
 
-
-
 SCENARIOS = ["kill-starting", "kill-reading", "kill-commit", "kill-producing", "kill-published", "kill-after-commit",
              "zombie", "terminate-random", "terminate-commit", "race", "replay-race", "pg-restart", "broker-restart",
              "broker-kill", "task-retry", "retention-skip", "retention-fail", "kill-reading:avro", "broker-kill-reading",

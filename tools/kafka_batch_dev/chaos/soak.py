@@ -97,8 +97,6 @@ class SoakRunner(threading.Thread):
             self.runs += 1
 
 
-
-
 def soak(seconds: float, every: float, partitions: int, rng: random.Random, env: dict,
          pipelines_dir: Path) -> dict[str, Outcome]:
     """Producers write all the time, a pipeline per format (JSON, Avro; every sink each) runs batch after

@@ -84,8 +84,6 @@ def stage_gate(pipeline: str, run_id: str, proc: subprocess.Popen, timeout: floa
     return None
 
 
-
-
 def stop_inside_publish(pipeline: str, run_id: str, tables: dict[str, str], proc: subprocess.Popen) -> bool:
     """The run's process group stopped while the Kafka sink's transaction is open on its topic (the
     two steps below: shape rows opened it in the read, so it is open at the commit already; a changelog
@@ -140,8 +138,6 @@ def step_into_transaction(output: str, proc: subprocess.Popen, slice_s: float = 
         if not opened:
             resume(proc)  # never left stopped, whatever went wrong here
     return False
-
-
 
 
 def kill_a_task(proc: subprocess.Popen, rng: random.Random) -> bool:
