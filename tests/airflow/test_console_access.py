@@ -44,10 +44,11 @@ def teams(services, tmp_path_factory):
                                      for p in pipelines.values()]))
         run_airflow("roles", "import", str(roles), env=FAB)
         password = secrets.token_urlsafe(12)
-        # --password=...: a password that starts with "-" (token_urlsafe's alphabet has it) is not an option.
-        for created in [pool.submit(run_airflow, "users", "create", "--username", user, f"--password={password}",
+        # The password is typed at Airflow's prompt (twice), never on a command line `ps` shows.
+        for created in [pool.submit(run_airflow, "users", "create", "--username", user,
                                     "--role", f"reads_{pipeline.name}", "--firstname", user, "--lastname", "test",
-                                    "--email", f"{user}@example.com", env=FAB) for user, pipeline in pipelines.items()]:
+                                    "--email", f"{user}@example.com", env=FAB, answers=f"{password}\n{password}\n")
+                        for user, pipeline in pipelines.items()]:
             created.result()
     with airflow_alone(), airflow(FAB) as server:
         yield {user: Server(server.url, user, password, server.log) for user in pipelines}, pipelines

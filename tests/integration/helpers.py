@@ -273,10 +273,13 @@ def airflow_alone() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def run_airflow(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`airflow ...` in a subprocess, with the test services' environment (and `env` over it)."""
+def run_airflow(*args: str, check: bool = True, env: dict[str, str] | None = None,
+                answers: str | None = None) -> subprocess.CompletedProcess:
+    """`airflow ...` in a subprocess, with the test services' environment (and `env` over it). `answers`
+    go to its prompts through stdin: in a session of its own it has no terminal to ask instead."""
     airflow = str(Path(sys.executable).parent / "airflow")
-    result = subprocess.run([airflow, *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+    result = subprocess.run([airflow, *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                            input=answers, start_new_session=answers is not None, timeout=600)
     return _checked(result, f"airflow {' '.join(args)}", check)
 
 
