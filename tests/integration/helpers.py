@@ -288,7 +288,7 @@ def run_cli(*args: str, check: bool = True, env: dict[str, str] | None = None,
     """`kafka-batch ...` in a subprocess, with the test services' environment (and `env` over it)."""
     cli = str(Path(sys.executable).parent / "kafka-batch")
     result = subprocess.run([cli, *args], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                            cwd=cwd)
+                            cwd=cwd, timeout=900)
     outputs = Path(os.environ["KAFKA_BATCH_LOG_DIR"])
     outputs.mkdir(parents=True, exist_ok=True)
     with open(outputs / "cli-output.log", "a") as log:  # searched for the planted secret at the end (conftest)

@@ -98,7 +98,8 @@ def test_rerun_of_a_committed_batch_changes_nothing(services):
               "for name, batch in zip(sys.argv[1::2], sys.argv[2::2]):\n"
               "    submit_batch(load_pipeline(name), int(batch))\n")
     child = subprocess.run([sys.executable, "-c", script, other.name, str(batches_of(other.name)[0][0]),
-                            pipeline.name, str(batches_of(pipeline.name)[0][0])], capture_output=True, text=True)
+                            pipeline.name, str(batches_of(pipeline.name)[0][0])], capture_output=True, text=True,
+                           timeout=600)
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
     assert table_contents(other) == ground_truth(other.topics[0])
     assert table_contents(pipeline) == before_table

@@ -60,7 +60,7 @@ def message_class(text: str, name: str = "shop.Order"):
         out = Path(directory) / "set.pb"
         include = Path(__import__("grpc_tools").__file__).parent / "_proto"
         subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{directory}", f"-I{include}",
-                        f"--descriptor_set_out={out}", "--include_imports", "order.proto"], check=True)
+                        f"--descriptor_set_out={out}", "--include_imports", "order.proto"], check=True, timeout=120)
         files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
     pool = descriptor_pool.DescriptorPool()
     for file in files:

@@ -95,3 +95,11 @@ def test_writer_messages_name_each_index_path():
 def test_views_that_do_not_compile_or_map_are_refused(text, problem):
     with pytest.raises(ProtoProblem, match=problem):
         ProtoView(compile_proto(text), first_message(compile_proto(text)))
+
+
+def test_a_compile_that_outlasts_its_bound_is_refused_saying_so(monkeypatch):
+    from kafka_batch.formats import protobuf
+
+    monkeypatch.setattr(protobuf, "PROTOC_TIMEOUT_S", 0.01)  # shorter than the child's start
+    with pytest.raises(ProtoProblem, match=r"protoc did not compile the view within 0.01 s"):
+        compile_proto('syntax = "proto3"; message A { string x = 1; }')

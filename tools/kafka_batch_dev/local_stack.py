@@ -218,7 +218,7 @@ def _pg_user() -> str | None:
         pwd.getpwnam(PG_SYSTEM_USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
-                       check=True, capture_output=True)
+                       check=True, capture_output=True, timeout=60)
     return PG_SYSTEM_USER
 
 
@@ -260,7 +260,7 @@ def _make_reachable(paths: list[Path], owned: list[Path], user: str) -> None:
 
 def _run_pg(args: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
     try:
-        result = subprocess.run(args, capture_output=True, text=True, **_as_pg_user())
+        result = subprocess.run(args, capture_output=True, text=True, timeout=300, **_as_pg_user())
     except PermissionError as exc:
         raise RuntimeError(f"{what}: cannot execute {args[0]} as {_pg_user()}: {exc}") from exc
     if check and result.returncode != 0:
@@ -777,7 +777,8 @@ def migrate_airflow(base: Path, env: dict[str, str]) -> None:
         return
     (base / "airflow").mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
-    result = subprocess.run([airflow, "db", "migrate"], env={**os.environ, **env}, capture_output=True, text=True)
+    result = subprocess.run([airflow, "db", "migrate"], env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=900)
     if result.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     marker.touch()

@@ -96,7 +96,7 @@ class JarSet:
 
     def _run(self, command: list[str], resolver: str, env: dict[str, str] | None = None) -> None:
         print(f"kafka-batch local: fetching {self.what} with {resolver}", file=sys.stderr)
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)  # a slow mirror
         if result.returncode != 0:
             raise RuntimeError(f"{resolver} could not fetch {self.what} (exit {result.returncode}):\n"
                                f"{result.stdout[-3000:]}{result.stderr[-3000:]}")

@@ -58,6 +58,10 @@ _WRAPPERS = {f"google.protobuf.{name}" for name in (
 _TIMESTAMP = "google.protobuf.Timestamp"
 
 
+# A view compiles in about a second (most of it the child's start); a far longer wait is a stuck child.
+PROTOC_TIMEOUT_S = 120
+
+
 class ProtoProblem(ValueError):
     """A view that does not compile, or a message this project cannot map."""
 
@@ -74,11 +78,14 @@ def compile_proto(text: str, cache: Path | None = None) -> bytes:
         (Path(directory) / "view.proto").write_text(text)
         out = Path(directory) / "view.pb"
         # In a child process: protoc writes its errors to the process's stderr, not to Python.
-        result = subprocess.run(
-            [sys.executable, "-c", "import os, sys; from grpc_tools import protoc;"
-             " sys.exit(protoc.main(['protoc', f'-I{sys.argv[1]}', f'-I{os.path.dirname(protoc.__file__)}/_proto',"
-             " f'--descriptor_set_out={sys.argv[2]}', '--include_imports', 'view.proto']))",
-             directory, str(out)], capture_output=True, text=True)
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", "import os, sys; from grpc_tools import protoc;"
+                 " sys.exit(protoc.main(['protoc', f'-I{sys.argv[1]}', f'-I{os.path.dirname(protoc.__file__)}/_proto',"
+                 " f'--descriptor_set_out={sys.argv[2]}', '--include_imports', 'view.proto']))",
+                 directory, str(out)], capture_output=True, text=True, timeout=PROTOC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ProtoProblem(f"protoc did not compile the view within {PROTOC_TIMEOUT_S} s") from None
         if result.returncode != 0:
             raise ProtoProblem(" ".join(result.stderr.replace(f"{directory}/", "").split()) or "protoc failed")
         data = out.read_bytes()
