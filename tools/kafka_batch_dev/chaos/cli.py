@@ -22,6 +22,7 @@ from kafka_batch_dev.chaos import harness
 from kafka_batch_dev.chaos.harness import (
     RECOVERY_BOUND_S,
     Outcome,
+    RunHung,
     chaos_environment,
     kafka_bootstrap,
     pg_params,
@@ -89,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                 produced = time.monotonic()
                 outcome.records += args.records
                 strike_env = driver_strike_env if strike in DRIVER_STRIKES else env
-                outcome.faults += scenario(strike, pipeline, topic, f"it{iteration}", strike_env, rng, tables, memory,
-                                           path)
+                try:
+                    outcome.faults += scenario(strike, pipeline, topic, f"it{iteration}", strike_env, rng, tables,
+                                               memory, path)
+                except RunHung as exc:  # killed; the recovery and the check below still run
+                    outcome.violations.append(f"iteration {iteration}: {exc}")
                 struck = time.monotonic()
                 if late is not None:
                     commit_late(late)

@@ -28,6 +28,9 @@ from kafka_batch_dev.gates import LockGate
 APP = "kafka_batch_chaos"  # application_name of every session the pipeline opens here
 PAGES = ["/", "/a", "/b", "/c", "/d"]
 RECOVERY_BOUND_S = 300
+# A struck run ends well within this: a batch's attempt is bounded by its own timeouts (the execute task's
+# default is 10 minutes for these pipelines' sizes); a run still going after it has hung.
+RUN_BOUND_S = 900
 CLI = str(Path(sys.executable).parent / "kafka-batch")  # the pipeline's CLI, from this venv
 TASK_TRIES = 4  # spark.task.maxFailures of the task-retry scenario (the master `local[2,4]`)
 
@@ -192,12 +195,26 @@ def resume(proc: subprocess.Popen) -> None:
         pass
 
 
+class RunHung(Exception):
+    """A run of the pipeline outlasted RUN_BOUND_S: a violation of "nothing waits forever"."""
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    proc.wait(timeout=60)
+
+
+def finish(proc: subprocess.Popen, bound: float = RUN_BOUND_S) -> int:
+    """The run's exit code once it ends; past `bound` it is killed and RunHung raised."""
+    try:
+        return proc.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        command = " ".join(map(str, proc.args[1:]))
+        raise RunHung(f"a run ({command}, pid {proc.pid}) did not end within {bound:g} s") from None
 
 
 def terminate_sessions() -> int:

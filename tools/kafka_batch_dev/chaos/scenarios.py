@@ -19,9 +19,11 @@ from kafka_batch.errors import DataLossError
 from kafka_batch.kafka.publish import transactional_id
 from kafka_batch_dev.chaos.harness import (
     CLI,
+    RUN_BOUND_S,
     TASK_TRIES,
     active_controller,
     batch_of,
+    finish,
     kafka_bootstrap,
     kafka_nodes,
     kill_group,
@@ -65,7 +67,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         if stop_inside_publish(pipeline, run_id, tables, proc):
             kill_group(proc)
             landed["producing"] += 1
-        proc.wait()
+        finish(proc)
     elif name.startswith("kill-"):
         phase = name.removeprefix("kill-")
         gate = lock_gate(tables["aggregate"]) if phase == "commit" else None
@@ -77,14 +79,14 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         finally:
             if gate is not None:
                 gate.open()
-        proc.wait()
+        finish(proc)
     elif name == "zombie":  # the Airflow task dies, its spark-submit lives on; the task is retried
         proc = start_run(pipeline, run_id, env)
         if wait_for("reading", pipeline, run_id, proc):
             os.kill(proc.pid, signal.SIGKILL)  # the CLI only; spark-submit and the JVM run on
             landed["zombie"] += 1
             retry = start_run(pipeline, run_id, env)
-            retry.wait()
+            finish(retry)
         time.sleep(2)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of the zombie is left
@@ -107,26 +109,26 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
                     landed["commit"] += 1
             finally:
                 gate.open()
-        proc.wait()
+        finish(proc)
     elif name == "race":
         runs = [start_run(pipeline, f"{run_id}-{n}", env) for n in range(2)]
         for proc in runs:
-            proc.wait()
+            finish(proc)
         landed["race"] += 1
     elif name == "replay-race":
         replay = subprocess.Popen([CLI, "replay", "--pipeline", pipeline, "--topic", topic, "--from", "0",
                                    "--until", "1000000000", "--run-id", f"{run_id}-replay"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         proc = start_run(pipeline, run_id, env)
-        replay.wait()
-        proc.wait()
+        finish(replay)
+        finish(proc)
         landed["replay-race"] += 1
     elif name == "pg-restart":
         proc = start_run(pipeline, run_id, env)
         if wait_for("reading", pipeline, run_id, proc):
             restart("postgres")
             landed["reading"] += 1
-        proc.wait()
+        finish(proc)
     elif name in ("broker-restart", "broker-kill"):  # between batches: stopped cleanly, or SIGKILLed
         restart("kafka", kill=name == "broker-kill")
         landed["between"] += 1
@@ -135,7 +137,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         if wait_for("reading", pipeline, run_id, proc):
             restart("kafka", kill=True)
             landed["reading"] += 1
-        proc.wait()
+        finish(proc)
     elif name == "broker-kill-publishing":  # the node SIGKILLed while the Kafka sink's transaction is open
         proc = start_run(pipeline, run_id, env)
         if stop_inside_publish(pipeline, run_id, tables, proc):
@@ -144,7 +146,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
                 landed["publishing"] += 1
             finally:
                 resume(proc)
-        proc.wait()
+        finish(proc)
     elif name == "broker-kill-published":  # the Kafka sink's transaction committed, the Postgres one not yet
         gate = published_gate(pipeline)
         try:
@@ -155,7 +157,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         finally:
             gate.open()
             drop_published_gate(gate)
-        proc.wait()
+        finish(proc)
     elif name == "task-retry":  # a Python worker dies mid-task; Spark retries the task (local[2,4])
         phase = rng.choice(["reading", "staging"])  # a read task, or a task COPYing the rows sink's stage
         log_dir = Path(tempfile.mkdtemp(prefix="kafka_batch_chaos_logs_"))
@@ -171,7 +173,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
             finally:
                 if gate is not None:
                     gate.open()
-        proc.wait()
+        finish(proc)
         batch = batch_of(pipeline, run_id)
         if killed and lost_tasks(log_dir):  # landed in a task, and that attempt went on
             landed[phase if batch and batch[1:] == ("committed", 1) else f"{phase}, batch retried"] += 1
@@ -182,11 +184,11 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         struck = wait_for("starting", pipeline, run_id, proc) and (phase == "planned" or bool(tasks_running(proc)))
         if struck and delete_in_plan(pipeline, topic, run_id, rng, memory):
             landed[phase] += 1
-        if proc.wait() == DataLossError.exit_code and name == "retention-fail":
+        if finish(proc) == DataLossError.exit_code and name == "retention-fail":
             # Refused, nothing changed; the operator accepts the loss for one run, then refuses again.
             set_data_loss_policy(definition, "skip")
             subprocess.run([CLI, "run", "--pipeline", pipeline],
-                           env=env, capture_output=True)
+                           env=env, capture_output=True, timeout=RUN_BOUND_S)
             set_data_loss_policy(definition, "fail")
             landed["refused, then accepted"] += 1
     elif name.startswith("node-") or name == "controller-kill":
@@ -208,7 +210,7 @@ def node_scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, 
             if wait_for("reading", pipeline, run_id, proc) and tasks_running(proc):
                 kill_node(leader(topic, 0))
                 landed["reading"] += 1
-            proc.wait()
+            finish(proc)
         elif name == "node-kill-publishing":  # the transaction coordinator's node, the transaction open
             tid = transactional_id(pipeline, tables["kafka"])
             proc = start_run(pipeline, run_id, env)
@@ -220,14 +222,14 @@ def node_scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, 
                     landed["publishing"] += 1
                     break
                 time.sleep(0.01)
-            proc.wait()
+            finish(proc)
         elif name == "node-kill-published":  # the coordinator's node, between the Kafka and the Postgres commit
             tid = transactional_id(pipeline, tables["kafka"])
             if kill_published(pipeline, run_id, env, also=lambda: kill_node(transaction_coordinator(tid))):
                 landed["published"] += 1
         elif name == "controller-kill":  # the quorum's leader, as the batch is planned
             kill_node(active_controller())
-            start_run(pipeline, run_id, env).wait()
+            finish(start_run(pipeline, run_id, env))
             landed["planning"] += 1
     finally:
         revive_nodes()

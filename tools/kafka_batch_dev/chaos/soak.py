@@ -17,6 +17,8 @@ from confluent_kafka import KafkaException
 from kafka_batch_dev.chaos.harness import (
     RECOVERY_BOUND_S,
     Outcome,
+    RunHung,
+    finish,
     kafka_nodes,
     kill_group,
     kill_node,
@@ -84,6 +86,7 @@ class SoakRunner(threading.Thread):
         self.pipeline, self.env, self.stop = pipeline, env, stop
         self.proc: subprocess.Popen | None = None
         self.runs = 0
+        self.hung: list[str] = []  # runs that outlasted RUN_BOUND_S: violations
 
     def running(self) -> subprocess.Popen | None:
         """The run in progress, if any."""
@@ -93,7 +96,10 @@ class SoakRunner(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.proc = start_run(self.pipeline, f"soak-{self.runs}", self.env)
-            self.proc.wait()
+            try:
+                finish(self.proc)
+            except RunHung as exc:
+                self.hung.append(str(exc))
             self.runs += 1
 
 
@@ -161,7 +167,7 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
         producer.join(120)
         runner.join(600)
     for proc in racing:
-        proc.wait()
+        finish(proc)
     for key, (name, topic, tables, path, codec, memory, producer, runner) in pipelines.items():
         outcome = results[key]
         outcome.records = producer.records
@@ -169,7 +175,7 @@ def soak(seconds: float, every: float, partitions: int, rng: random.Random, env:
         outcome.worst_recovery_s = took
         if took == float("inf"):
             outcome.violations.append(f"lag not zero within {RECOVERY_BOUND_S}s")
-        outcome.violations += check(name, topic, tables, memory, codec)
+        outcome.violations += runner.hung + check(name, topic, tables, memory, codec)
         print(f"{key}: {runner.runs} runs, {producer.records} records produced ({producer.errors} producer errors"
               f" recovered), faults {dict(outcome.faults)}, violations {len(outcome.violations)}", flush=True)
         path.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from kafka_batch_dev.chaos.harness import (
     APP,
     batch_of,
     broker_groups,
+    finish,
     kafka_bootstrap,
     kill_group,
     open_transaction,
@@ -67,7 +68,7 @@ def kill_published(pipeline: str, run_id: str, env: dict, also=lambda: None) -> 
     finally:
         gate.open()
         drop_published_gate(gate)
-        proc.wait()
+        finish(proc)
 
 
 def stage_gate(pipeline: str, run_id: str, proc: subprocess.Popen, timeout: float = 240) -> LockGate | None:
