@@ -24,13 +24,20 @@ from kafka_batch_dev.committed import committed_messages
 PIPELINE, AVRO_PIPELINE, TOTALS_PIPELINE = "page_views", "page_views_avro", "page_view_totals"
 FIRST, SECOND = 20_000, 5_000
 AVRO = 10_000  # Avro page views: the first half written with version 1 of the schema, the rest with version 2
+# A DAG run of the demo takes about a minute; one still going after this has hung (its tasks' own bounds
+# and retries included).
+DAG_RUN_TIMEOUT_S = 1800
 
 
 def run_dag(dag_id: str, log_path: str) -> None:
     print(f"\n$ airflow dags test {dag_id}   (log: {log_path})")
     started = time.monotonic()
     with open(log_path, "w") as log:
-        result = subprocess.run(["airflow", "dags", "test", dag_id], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            result = subprocess.run(["airflow", "dags", "test", dag_id], stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=DAG_RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"the DAG run did not end within {DAG_RUN_TIMEOUT_S // 60} minutes; see {log_path}")
     if result.returncode != 0:
         sys.exit(f"the DAG run failed (exit {result.returncode}); see {log_path}")
     print(f"  DAG run succeeded in {time.monotonic() - started:.0f}s")

@@ -22,11 +22,15 @@ from kafka_batch_dev import sample_data
 from kafka_batch_dev.committed import committed_messages
 
 CLI = str(Path(sys.executable).parent / "kafka-batch")
+COMMAND_TIMEOUT_S = 1200  # a command of this demo takes seconds; one still going after this has hung
 
 
 def kafka_batch(*args: str) -> str:
     print(f"\n$ kafka-batch {' '.join(args)}")
-    result = subprocess.run([CLI, *args], capture_output=True, text=True)
+    try:
+        result = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"kafka-batch {args[0]} did not end within {COMMAND_TIMEOUT_S // 60} minutes")
     if result.returncode != 0:
         sys.exit(f"kafka-batch {args[0]} failed (exit {result.returncode}):\n{result.stdout}{result.stderr}")
     return result.stdout

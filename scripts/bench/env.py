@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Producer
 
+from bench.harness import CHILD_TIMEOUT_S
 from kafka_batch import connections
 from kafka_batch.config import PROJECT_ROOT, load_pipeline
 from kafka_batch.core import database, planning
@@ -73,7 +74,8 @@ class Env:
         """The pipeline of this definition, written among the bench's pipelines; its tables dropped at the end."""
         (self.pipelines / f"{definition['name']}.yaml").write_text(yaml.safe_dump(definition))
         # Its expressions analyzed once, untimed, as its first plan would (a local JVM for spark-submit).
-        subprocess.run([KAFKA_BATCH, "validate", "--pipeline", definition["name"]], check=True, capture_output=True)
+        subprocess.run([KAFKA_BATCH, "validate", "--pipeline", definition["name"]], check=True, capture_output=True,
+                       timeout=CHILD_TIMEOUT_S)
         pipeline = load_pipeline(definition["name"])
         for sink in pipeline.sinks:
             if sink.tables:

@@ -13,6 +13,9 @@ import psutil
 from confluent_kafka.admin import AdminClient
 
 ROWS: list[dict] = []
+# A child of the bench (a peer's or the pipeline's run, a build, a fetch) still going after this has hung:
+# the largest, 3M records on two busy cores, takes a few minutes.
+CHILD_TIMEOUT_S = 1800
 # Seconds of each system's best run by records per batch, from its command's start: the chart's points.
 CURVE: dict[str, dict[int, float]] = defaultdict(dict)
 # CPU seconds of each system's least costly run by records per batch (its own processes: a batch's command

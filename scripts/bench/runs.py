@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.env import CONNECT, KAFKA_BATCH, MODE, SUBMIT, Env
-from bench.harness import load, row, settle
+from bench.harness import CHILD_TIMEOUT_S, load, row, settle
 from bench.sampling import ProcessSampler, own_cpu, phases
 from kafka_batch.core import batches, database
 from kafka_batch.observability import timings
@@ -52,7 +52,7 @@ def cli_run(pipeline, run_id: str | None = None, env: dict[str, str] | None = No
     command = [KAFKA_BATCH, "run", "--pipeline", pipeline.name, *(["--run-id", run_id] if run_id else [])]
     started_wall, started = time.time(), time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True,
-                            env={**os.environ, **(env or {}), timings.ENV: str(marks)})
+                            env={**os.environ, **(env or {}), timings.ENV: str(marks)}, timeout=CHILD_TIMEOUT_S)
     seconds = time.monotonic() - started
     if result.returncode != 0:
         raise RuntimeError(f"kafka-batch {' '.join(command[1:])} failed: {result.stderr[-2000:]}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from bench.env import Env
-from bench.harness import row, settle
+from bench.harness import CHILD_TIMEOUT_S, row, settle
 from kafka_batch.config import PROJECT_ROOT
 
 PARSE_PROBE = ("import runpy, sys, time; import airflow.sdk, airflow.providers.standard.operators.python;"
@@ -40,7 +40,8 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
         variables = {**os.environ, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                      "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags")}
         airflow = str(Path(sys.executable).parent / "airflow")
-        subprocess.run([airflow, "db", "migrate"], env=variables, check=True, capture_output=True)
+        subprocess.run([airflow, "db", "migrate"], env=variables, check=True, capture_output=True,
+                       timeout=CHILD_TIMEOUT_S)
         for count in sorted({10, 50, 100, args.pipelines}):
             folder = Path(home) / f"pipelines_{count}"
             folder.mkdir()
@@ -49,11 +50,11 @@ def measure(args: argparse.Namespace, env: Env) -> list[tuple]:
             for _ in range(args.repeat):
                 settle()
                 probe = subprocess.run([sys.executable, "-c", PARSE_PROBE, dag_file], env=variables, check=True,
-                                       capture_output=True, text=True)
+                                       capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
                 own[count] = row(f"DAG file, {count} pipelines", float(probe.stdout.split()[-1]), "s",
                                  f"{2 * count} DAGs, Airflow's import not counted")["value"]
                 report = subprocess.run([airflow, "dags", "report", "-o", "json"], env=variables, check=True,
-                                        capture_output=True, text=True).stdout
+                                        capture_output=True, text=True, timeout=CHILD_TIMEOUT_S).stdout
                 parsed = json.loads(report[report.index("[{"):])[0]
                 hours, minutes, seconds = parsed["duration"].split(":")
                 row(f"dags report, {count} pipelines", float(seconds) + 60 * int(minutes) + 3600 * int(hours), "s",

@@ -9,7 +9,7 @@ import time
 
 from bench.checks import published
 from bench.env import Env, topic_partitions
-from bench.harness import row, settle
+from bench.harness import CHILD_TIMEOUT_S, row, settle
 from bench.peers import launch as peer_launch
 from bench.sampling import ProcessSampler, own_cpu
 from kafka_batch.spark.submit import spark_environment
@@ -27,7 +27,8 @@ def streams_run(env: Env, topic: str, expected: str, records: int, n: int) -> fl
     settle()  # timed from a nearly idle machine
     with ProcessSampler(connect=False) as sampled:
         started = time.monotonic()
-        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **spark_environment()})
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **spark_environment()},
+                                timeout=CHILD_TIMEOUT_S)
         seconds = time.monotonic() - started
     if result.returncode != 0:
         raise RuntimeError(f"Kafka Streams failed (exit {result.returncode}): {result.stderr[-3000:]}")

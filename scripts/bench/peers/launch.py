@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench.harness import CHILD_TIMEOUT_S
 from kafka_batch.spark.submit import SPARK_CONF, java_home, spark_environment
 from kafka_batch_dev import spark_connectors
 from kafka_batch_dev.kafka_broker import KAFKA_VERSION, LOG4J_VERSION
@@ -59,7 +60,8 @@ def debezium_plugins(home: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="kafka_batch_debezium_") as work:
         print(f"kafka-batch bench: fetching {DEBEZIUM_JDBC} with Maven", file=sys.stderr)
         result = subprocess.run(["mvn", "-B", "-q", "dependency:copy", f"-Dartifact={DEBEZIUM_JDBC}",
-                                 f"-DoutputDirectory={work}"], capture_output=True, text=True)
+                                 f"-DoutputDirectory={work}"], capture_output=True, text=True,
+                                timeout=CHILD_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"Maven could not fetch {DEBEZIUM_JDBC}:\n{result.stdout[-3000:]}")
         shutil.rmtree(target, ignore_errors=True)
@@ -84,7 +86,8 @@ def compiled_jar(home: Path, sources: list[Path], classpath: list[Path], name: s
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kafka_batch_peers_") as classes:
         cp = ":".join(map(str, classpath))
-        result = subprocess.run([_jdk("javac"), "-d", classes, "-cp", cp, *map(str, sources)], capture_output=True, text=True)
+        result = subprocess.run([_jdk("javac"), "-d", classes, "-cp", cp, *map(str, sources)], capture_output=True, text=True,
+                                timeout=CHILD_TIMEOUT_S)
         if result.returncode != 0:
             raise RuntimeError(f"javac of {', '.join(s.name for s in sources)} failed:\n{result.stderr[-3000:]}")
         staging = jar.with_suffix(".tmp")

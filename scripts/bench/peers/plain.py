@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.env import Env, spans, topic_partitions
-from bench.harness import row, settle
+from bench.harness import CHILD_TIMEOUT_S, row, settle
 from bench.peers import plain_consumer
 from bench.sampling import ProcessSampler, own_cpu
 from kafka_batch.spark.reader import read_task
@@ -137,7 +137,7 @@ def plain_process(env: Env, ranges: list[tuple[str, int, int, int]], rounds: int
             started = time.monotonic()
             subprocess.run([sys.executable, script, "--kafka", json.dumps(env.kafka), "--postgres",
                             json.dumps(env.postgres), "--ranges", json.dumps(ranges), "--table", table], check=True,
-                           capture_output=True)
+                           capture_output=True, timeout=CHILD_TIMEOUT_S)
             seconds = time.monotonic() - started
         cpu = sampled.cpu_seconds()
         best = row(name, seconds, "s", f"plain_consumer.py over {records:,} records, whole process; CPU s by process"
@@ -154,7 +154,7 @@ def plain_publisher_run(env: Env, batch, output: str, lineage: str | None = None
     settle()
     with ProcessSampler(connect=False) as sampled:
         started = time.monotonic()
-        subprocess.run(command, check=True, capture_output=True)
+        subprocess.run(command, check=True, capture_output=True, timeout=CHILD_TIMEOUT_S)
         seconds = time.monotonic() - started
     cpu = sampled.cpu_seconds()
     return row(f"plain exactly-once publisher process{', with the lineage headers' if lineage else ''}", seconds, "s",

@@ -12,7 +12,7 @@ import uuid
 
 from bench.checks import check_same_rows
 from bench.env import CONNECT, MODE, SUBMIT, Env, spans
-from bench.harness import chart_point, row, settle
+from bench.harness import CHILD_TIMEOUT_S, chart_point, row, settle
 from bench.peers import launch as peer_launch
 from bench.runs import WARM_UP_BATCHES, warm_up
 from bench.sampling import ProcessSampler, own_cpu
@@ -48,7 +48,8 @@ def peer_run(env: Env, peer: tuple[str, str, str], size: str, ranges, records: i
         settle()  # timed from a nearly idle machine
     with ProcessSampler(connect=spark == CONNECT) as sampled:
         started = time.monotonic()
-        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environment})
+        result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **environment},
+                                timeout=CHILD_TIMEOUT_S)
         seconds = time.monotonic() - started
     if checkpoint:
         shutil.rmtree(checkpoint, ignore_errors=True)
