@@ -18,6 +18,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,15 +210,13 @@ def pytest_configure_node(node):
     node.workerinput[SHARED_SERVICES] = json.dumps(_SHARED["env"])
 
 
-def _machine_cpu() -> tuple[float, float, float] | None:
-    """Seconds since boot the machine's cores computed, had stolen by the hypervisor, and in all
-    (Linux's /proc/stat: user nice system idle iowait irq softirq steal; guest time is already in user)."""
-    try:
-        ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    hz = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks[:3]) + ticks[5] + ticks[6]) / hz, ticks[7] / hz, sum(ticks) / hz
+def _machine_cpu() -> tuple[float, float, float]:
+    """Seconds since boot the machine's cores computed, had stolen by the hypervisor, and in all (psutil's
+    system-wide times; guest time is already in user, and a field the platform lacks counts 0)."""
+    times = psutil.cpu_times()._asdict()
+    busy = sum(times.get(field, 0.0) for field in ("user", "nice", "system", "irq", "softirq"))
+    stolen = times.get("steal", 0.0)
+    return busy, stolen, busy + stolen + times["idle"] + times.get("iowait", 0.0)
 
 
 def pytest_sessionstart(session):
@@ -232,7 +231,7 @@ def pytest_unconfigure(config):
         # The suite's time is as much the machine's as the tests': said beside how busy its cores were.
         started, cpu_before = config.stash[_SESSION_CLOCK]
         cpu_after, seconds = _machine_cpu(), time.monotonic() - started
-        if cpu_before and cpu_after and seconds > 60:
+        if seconds > 60:
             busy, stolen, total = (after - before for after, before in zip(cpu_after, cpu_before, strict=True))
             print(f"session: {seconds:.0f} s; the machine's {os.cpu_count()} cores computed {busy / total:.0%} of it"
                   f" ({busy:.0f} CPU s), {stolen / total:.0%} stolen by the hypervisor")

@@ -136,8 +136,9 @@ def run_environment(env: dict[str, str], spark: str, option: str) -> dict[str, s
     return {**env, "AIRFLOW_CONN_SPARK_DEFAULT": env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"]}
 
 
-def start_run(pipeline: str, run_id: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([CLI, "run", "--pipeline", pipeline, "--run-id", run_id], env=env,
+def start_run(pipeline: str, run_id: str | None, env: dict) -> subprocess.Popen:
+    """`kafka-batch run` in a process group of its own (None: the run id the CLI gives a run)."""
+    return subprocess.Popen([CLI, "run", "--pipeline", pipeline, *(["--run-id", run_id] if run_id else [])], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -263,10 +264,8 @@ def recover(pipeline: str, topic: str, env: dict) -> float:
     while time.monotonic() - started < RECOVERY_BOUND_S:
         if lag(pipeline, topic) == 0:
             return time.monotonic() - started
-        run = subprocess.Popen([CLI, "run", "--pipeline", pipeline], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            finish(run, max(1.0, RECOVERY_BOUND_S - (time.monotonic() - started)))
+            finish(start_run(pipeline, None, env), max(1.0, RECOVERY_BOUND_S - (time.monotonic() - started)))
         except RunHung:  # killed with its processes: the lag is not zero within the bound
             break
     return float("inf")

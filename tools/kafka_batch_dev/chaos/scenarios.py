@@ -19,7 +19,6 @@ from kafka_batch.errors import DataLossError
 from kafka_batch.kafka.publish import transactional_id
 from kafka_batch_dev.chaos.harness import (
     CLI,
-    RUN_BOUND_S,
     TASK_TRIES,
     active_controller,
     batch_of,
@@ -187,8 +186,7 @@ def scenario(name: str, pipeline: str, topic: str, run_id: str, env: dict, rng: 
         if finish(proc) == DataLossError.exit_code and name == "retention-fail":
             # Refused, nothing changed; the operator accepts the loss for one run, then refuses again.
             set_data_loss_policy(definition, "skip")
-            subprocess.run([CLI, "run", "--pipeline", pipeline],
-                           env=env, capture_output=True, timeout=RUN_BOUND_S)
+            finish(start_run(pipeline, None, env))
             set_data_loss_policy(definition, "fail")
             landed["refused, then accepted"] += 1
     elif name.startswith("node-") or name == "controller-kill":
