@@ -161,26 +161,27 @@ def pytest_xdist_make_scheduler(config, log):
     return Scheduling(config, log)
 
 
-# The units of work that take longest, longest first (per-file times of a `make test` run on two cores):
-# the workers take units in collection order, so the last ones to start are short and no worker waits long
-# for the others at the end. Files not listed follow in their usual order.
+# The units of work that take longest, longest first: the workers take units in collection order, so the
+# last ones to start are short and no worker waits long for the others at the end. Files not listed follow
+# in their usual order. The seconds are one `make test` run's on two cores (2026-11-30); the machine's
+# speed scales them all, their order holds.
 LONGEST_FIRST = (
-    "tests/airflow/",  # 570 s: the DAG runs, the console and a backfill, one after the other on one worker
-    "tests/integration/test_failover.py",  # 220 s: a three-node cluster of its own (its node kills: make chaos)
-    "tests/integration/test_chaos.py",  # 115 s
-    "tests/integration/test_kafka_sink.py",  # 115 s
-    "tests/integration/test_standalone.py",  # 105 s: a Spark standalone cluster
-    "tests/integration/test_distribution.py",  # 100 s: a wheel installed into a fresh virtualenv
-    "tests/integration/test_kafka_changelog.py",  # 85 s
-    "tests/integration/test_many_partitions.py",  # 85 s
-    "tests/integration/test_upgrade.py",  # 70 s: an earlier version's batches through spark-submit, then ours
-    "tests/integration/test_upsert.py",  # 60 s
-    "tests/integration/test_expressions.py",  # 60 s: Spark's analyzer, a local session too
-    "tests/integration/test_end_to_end.py",  # 55 s
-    "tests/integration/test_kafka_security.py",  # 50 s: a secured node of its own
-    "tests/local/test_local_stack.py",  # 45 s
-    "tests/integration/test_avro.py",  # 45 s
-    "tests/integration/test_operations.py",  # 45 s
+    "tests/airflow/",  # 980 s: the DAG runs, the console and a backfill, one after the other on one worker
+    "tests/integration/test_failover.py",  # 330 s: a three-node cluster of its own (its node kills: make chaos)
+    "tests/integration/test_chaos.py",  # 320 s: a zombie's two spark-submit JVMs among its faults
+    "tests/integration/test_distribution.py",  # 300 s: a wheel installed into a fresh virtualenv
+    "tests/integration/test_kafka_sink.py",  # 280 s
+    "tests/integration/test_standalone.py",  # 220 s: a Spark standalone cluster
+    "tests/integration/test_upgrade.py",  # 160 s: an earlier version's batches through spark-submit, then ours
+    "tests/integration/test_kafka_changelog.py",
+    "tests/integration/test_many_partitions.py",
+    "tests/integration/test_upsert.py",
+    "tests/integration/test_expressions.py",  # Spark's analyzer, a local session too
+    "tests/integration/test_end_to_end.py",
+    "tests/integration/test_kafka_security.py",  # a secured node of its own
+    "tests/local/test_local_stack.py",
+    "tests/integration/test_avro.py",
+    "tests/integration/test_operations.py",
     "tests/integration/test_retention.py",
     "tests/integration/test_metrics.py",
     "tests/integration/test_reader.py",
