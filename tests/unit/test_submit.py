@@ -13,6 +13,7 @@ from kafka_batch.spark import jvm_archive, submit
 from kafka_batch.spark.execution import batch_execution
 
 SECRET = "pw-that-must-not-show"
+LOCAL = ConnectionFields("spark_default", "spark", "local[*]")
 
 
 def _page_views_by_spark_submit():
@@ -23,11 +24,10 @@ def _page_views_by_spark_submit():
 
 
 def test_the_package_zip_ships_no_airflow_code_the_command_no_secret_and_is_removed(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     pipeline = _page_views_by_spark_submit()
     conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", SECRET, "kb"),
              ConnectionFields(pipeline.connections.kafka, "kafka", extra={"sasl.password": SECRET}))
-    with submit.spark_submit_hook(pipeline, 7, conns) as hook:
+    with submit.spark_submit_hook(pipeline, 7, LOCAL, conns) as hook:
         zipped = Path(hook._py_files)
         names = zipfile.ZipFile(zipped).namelist()
         command = hook._build_spark_submit_command(str(submit.APPLICATION))
@@ -40,7 +40,6 @@ def test_the_package_zip_ships_no_airflow_code_the_command_no_secret_and_is_remo
 
 
 def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatch, tmp_path):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://m:7077"}))
     monkeypatch.setenv(jvm_archive.ENV, str(tmp_path))
     monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
     pipeline = _page_views_by_spark_submit()
@@ -56,13 +55,12 @@ def test_only_a_driver_on_this_machine_is_given_the_jvm_class_archive(monkeypatc
 
 
 def test_a_short_batch_starts_its_jvm_with_c1_only_and_your_own_options_win(monkeypatch, tmp_path):
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setenv(jvm_archive.ENV, jvm_archive.OFF)
     pipeline = _page_views_by_spark_submit()
     conns = (ConnectionFields(pipeline.connections.postgres, "postgres", "db.example", 5432, "kb", "pw", "kb"),)
 
     def options(span, **kwargs):
-        with submit.spark_submit_hook(pipeline, 7, conns, span=span, **kwargs) as hook:
+        with submit.spark_submit_hook(pipeline, 7, LOCAL, conns, span=span, **kwargs) as hook:
             return hook._env_vars.get("SPARK_SUBMIT_OPTS", "")
 
     monkeypatch.delenv("SPARK_SUBMIT_OPTS", raising=False)
@@ -92,11 +90,48 @@ def test_yarn_gets_spark_home_with_pyspark_zips_every_other_master_the_view(monk
         assert (homes[name] / "python" / "lib" / "pyspark.zip").is_file(), name
 
 
+def test_the_hook_submits_to_the_connection_it_is_given_and_without_one_to_its_default_master(monkeypatch):
+    # Airflow's own lookup would find this one: the connection resolved by the caller (the operator, the CLI) wins.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://other:7077"}))
+    pipeline = _page_views_by_spark_submit()
+    given = ConnectionFields("spark_default", "spark", "spark://m:7077", extra={"deploy-mode": "client"})
+    commands = {}
+    for name, spark in [("given", given), ("undefined", None)]:
+        with submit.spark_submit_hook(pipeline, 7, spark, ()) as hook:
+            commands[name] = hook._build_spark_submit_command(str(submit.APPLICATION))
+    def option(command: list[str], name: str) -> str | None:
+        return command[command.index(name) + 1] if name in command else None
+
+    assert (option(commands["given"], "--master"), option(commands["given"], "--deploy-mode")) == ("spark://m:7077",
+                                                                                                   "client")
+    assert option(commands["undefined"], "--master") == "yarn"  # the provider's default, as before
+
+
+_UNINITIALISED = """
+import os
+from kafka_batch.spark import submit
+submit._hook_class()
+import airflow.settings
+print(airflow.settings.engine is None, submit.AIRFLOW_AS_LIBRARY in os.environ)
+"""
+
+
+def test_a_process_without_airflow_imports_it_uninitialised_and_leaves_its_children_to_initialise_it():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != submit.AIRFLOW_AS_LIBRARY}
+    printed = subprocess.run([sys.executable, "-c", _UNINITIALISED], env=env, cwd=PROJECT_ROOT, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.split()
+    assert printed == ["True", "False"]  # no metadata database engine; a spark-submit child inherits no flag
+
+
 _HOLDER = """
 import os, signal, sys
 from kafka_batch.spark import submit
-from tests.unit.test_submit import _page_views_by_spark_submit
-with submit.spark_submit_hook(_page_views_by_spark_submit(), 7, ()) as hook:
+from tests.unit.test_submit import LOCAL, _page_views_by_spark_submit
+with submit.spark_submit_hook(_page_views_by_spark_submit(), 7, LOCAL, ()) as hook:
     print(hook._py_files, flush=True)
     if sys.argv[1] == "killed":
         os.kill(os.getpid(), signal.SIGKILL)  # as Airflow or the OOM killer ends a task: no cleanup runs
@@ -111,7 +146,6 @@ def test_a_killed_commands_package_is_removed_by_the_next_command_and_a_running_
     import tempfile
     import threading
 
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[*]"}))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     holders = {how: subprocess.Popen([sys.executable, "-c", _HOLDER, how], env=env, text=True, cwd=PROJECT_ROOT,
@@ -126,7 +160,7 @@ def test_a_killed_commands_package_is_removed_by_the_next_command_and_a_running_
     holders["killed"].wait(timeout=60)
     assert zips["killed"].exists() and zips["running"].exists()  # both left where they were made
     try:
-        with submit.spark_submit_hook(_page_views_by_spark_submit(), 8, ()):
+        with submit.spark_submit_hook(_page_views_by_spark_submit(), 8, LOCAL, ()):
             assert not zips["killed"].parent.exists()
             assert zips["running"].exists()  # its command still runs
     finally:

@@ -33,7 +33,7 @@ def batch_execution(
     # YARN (also the provider's master when the connection is missing) uploads pyspark's zips to its containers.
     yarn = spark is None or "yarn" in f"{spark.conn_type or ''}://{spark.host or ''}"
     endpoints = tuple(c for c in (postgres, kafka, registry, output) if c is not None)
-    with submit.spark_submit_hook(pipeline, batch_id, endpoints, mode=mode, try_number=try_number,
+    with submit.spark_submit_hook(pipeline, batch_id, spark, endpoints, mode=mode, try_number=try_number,
                                   driver_is_local=driver_is_local, span=span, yarn=yarn) as hook:
         if log is not None:
             hook._log = log  # LoggingMixin's logger: the hook logs every spark-submit line through it

@@ -8,7 +8,9 @@ so a failure here raises that kind again and callers decide about retries.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -34,6 +36,7 @@ PYFILES_PREFIX = "kafka_batch_pyfiles_"  # then the pid of the command that zipp
 # serial collector start and stop it in 0.12 s instead of 0.17 s (0.13 CPU s instead of 0.24). Your
 # SPARK_LAUNCHER_OPTS come after these, and a JVM takes the last of a repeated option.
 LAUNCHER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+AIRFLOW_AS_LIBRARY = "_AIRFLOW__AS_LIBRARY"  # set while Airflow is imported: it then skips its initialisation
 
 SPARK_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -105,24 +108,57 @@ def application_args(pipeline: Pipeline, batch_id: int, try_number: int | None =
     return args if try_number is None else [*args, "--try-number", str(try_number)]
 
 
+@functools.cache
+def _hook_class() -> type:
+    """The provider's SparkSubmitHook on a Spark connection resolved already: by the operator through
+    Airflow, by the CLI from its AIRFLOW_CONN_* variable. The hook asks Airflow nothing more, so a
+    process that has not imported Airflow (the CLI) imports it as a library, uninitialised: its
+    metadata database, logging setup and secrets backends serve nothing here. A 1,000-record batch
+    through the CLI: the spark-submit call built in 1.0 s instead of 1.8 s, the batch 9.8 s instead of
+    11.2 s and 1.4 CPU s less (medians of 6 alternated pairs)."""
+    if "airflow" not in sys.modules and AIRFLOW_AS_LIBRARY not in os.environ:
+        os.environ[AIRFLOW_AS_LIBRARY] = "1"  # read once, by `import airflow`; children must not inherit it
+        try:
+            from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+        finally:
+            del os.environ[AIRFLOW_AS_LIBRARY]
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from airflow.sdk import Connection
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    class ResolvedSparkSubmitHook(SparkSubmitHook):
+        def __init__(self, conn_id: str, connection: ConnectionFields | None, **kwargs):
+            self._resolved = connection  # before the hook's __init__, which asks for it
+            super().__init__(conn_id=conn_id, **kwargs)
+
+        def get_connection(self, conn_id: str) -> Connection:  # type: ignore[override]
+            c = self._resolved
+            if c is None:  # undefined: the hook takes its defaults, as on a failed lookup
+                raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
+            return Connection(conn_id=conn_id, conn_type=c.conn_type, host=c.host, port=c.port, login=c.login,
+                              password=c.password, schema=c.schema, extra=json.dumps(c.extra) if c.extra else None)
+
+    return ResolvedSparkSubmitHook
+
+
 @contextmanager
 def spark_submit_hook(
-    pipeline: Pipeline, batch_id: int, connections: tuple[ConnectionFields, ...], *, mode: str = "commit",
-    try_number: int | None = None, driver_is_local: bool = True, span: int | None = None, yarn: bool = False,
+    pipeline: Pipeline, batch_id: int, spark: ConnectionFields | None, connections: tuple[ConnectionFields, ...], *,
+    mode: str = "commit", try_number: int | None = None, driver_is_local: bool = True, span: int | None = None,
+    yarn: bool = False,
 ) -> Iterator:
-    """The provider's hook for one batch of `span` offsets; the zipped package is removed when the
-    block ends (or by a later command, where this one was killed). A driver on this machine starts from
-    the JVM class archive (jvm_archive), and with C1 only when the batch is short."""
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
+    """The provider's hook for one batch of `span` offsets on the `spark` connection (None: undefined,
+    the hook's defaults); the zipped package is removed when the block ends (or by a later command,
+    where this one was killed). A driver on this machine starts from the JVM class archive (jvm_archive),
+    and with C1 only when the batch is short."""
     spark_env = spark_environment(keep_zipped_python=yarn)
     short = driver_is_local and span is not None and span <= SHORT_BATCH_OFFSETS
     sweep_pyfiles()
     directory = Path(tempfile.mkdtemp(prefix=f"{PYFILES_PREFIX}{os.getpid()}_"))
     try:
         with jvm_archive.submit_opts(spark_env, driver_is_local, SHORT_BATCH_JVM if short else "") as jvm_env:
-            yield SparkSubmitHook(
-                conn_id=pipeline.connections.spark,
+            yield _hook_class()(
+                pipeline.connections.spark, spark,
                 conf=dict(SPARK_CONF),
                 py_files=str(package.package_zip(directory)),
                 name=f"kafka_batch_{pipeline.name}_batch_{batch_id}",
