@@ -99,6 +99,7 @@ def test_the_hook_submits_to_the_connection_it_is_given_and_without_one_to_its_d
     for name, spark in [("given", given), ("undefined", None)]:
         with submit.spark_submit_hook(pipeline, 7, spark, ()) as hook:
             commands[name] = hook._build_spark_submit_command(str(submit.APPLICATION))
+
     def option(command: list[str], name: str) -> str | None:
         return command[command.index(name) + 1] if name in command else None
 
