@@ -119,7 +119,7 @@ def _hook_class() -> type:
     if "airflow" not in sys.modules and AIRFLOW_AS_LIBRARY not in os.environ:
         os.environ[AIRFLOW_AS_LIBRARY] = "1"  # read once, by `import airflow`; children must not inherit it
         try:
-            from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+            import airflow  # noqa: F401 - uninitialised, for the rest of the process
         finally:
             del os.environ[AIRFLOW_AS_LIBRARY]
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
